@@ -1,0 +1,48 @@
+package lease
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrNotGranted: the lock was not granted within the requested wait.
+	// Returned as *NotGrantedError, which carries the holder's token.
+	ErrNotGranted = errors.New("lease: lock not granted within the wait")
+	// ErrNotHeld: no live grant matches the name, token and handle (it
+	// expired or was released, or the token or handle is wrong).
+	ErrNotHeld = errors.New("lease: no live grant matches this name, token and handle; it expired or was released: stop working under the lock and acquire again")
+	// ErrUnavailable: etcd is unreachable or has no quorum; the operation
+	// may be retried.
+	ErrUnavailable = errors.New("lease: etcd unavailable")
+	// ErrShuttingDown: the manager is closing; retry on another replica.
+	ErrShuttingDown = errors.New("lease: coordinator shutting down; retry on another replica")
+)
+
+// NotGrantedError reports who holds the lock when a wait ends ungranted.
+type NotGrantedError struct {
+	Name string
+	// HolderToken is the current holder's token, 0 if the lock was free by
+	// the time it was read.
+	HolderToken int64
+}
+
+func (e *NotGrantedError) Error() string {
+	return fmt.Sprintf("lease: lock %q not granted within the wait; held by token %d: retry later or wait longer", e.Name, e.HolderToken)
+}
+
+// Is makes errors.Is(err, ErrNotGranted) true.
+func (e *NotGrantedError) Is(target error) bool { return target == ErrNotGranted }
+
+// FieldError is bad input: Field names the request field, Reason says what
+// is wrong with it. Nothing is written to etcd when it is returned.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Reason) }
+
+func fieldErr(field, format string, args ...any) error {
+	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}

@@ -1,0 +1,228 @@
+package server_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/embedetcd"
+	"github.com/coordinatord/coordinatord/internal/fence"
+	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/server"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// grpc-go's and etcd's process-wide background goroutines.
+		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/logutil.(*MergeLogger).outputLoop"),
+	)
+}
+
+// env is one coordinator (lease manager + gRPC server on loopback TCP) over
+// one embedded etcd.
+type env struct {
+	t       *testing.T
+	dataDir string
+	etcd    *embedetcd.Server
+	cli     *clientv3.Client // direct etcd access for assertions
+	mgr     *lease.Manager
+	gs      *grpc.Server
+	addr    string
+	conn    *grpc.ClientConn
+	lc      coordinatorv1.LockServiceClient
+	stopped bool
+}
+
+func newEnv(t *testing.T, opts ...lease.Option) *env {
+	t.Helper()
+	e := &env{t: t, dataDir: t.TempDir()}
+	e.start(opts...)
+	t.Cleanup(e.stop)
+	return e
+}
+
+func (e *env) start(opts ...lease.Option) {
+	t := e.t
+	t.Helper()
+	var err error
+	e.etcd, err = embedetcd.Start(context.Background(), e.dataDir, embedetcd.WithFastElection())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.cli, err = clientv3.New(clientv3.Config{Endpoints: e.etcd.Endpoints(), DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mgr, err = lease.New(e.cli, append([]lease.Option{lease.WithKeyPrefix("/test/")}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := server.NewLockService(e.mgr, fence.New(e.cli, e.mgr.Keyspace()), nil)
+	e.gs, _ = server.NewGRPCServer(svc, nil)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.addr = lis.Addr().String()
+	go func() { _ = e.gs.Serve(lis) }()
+	e.conn = e.dial()
+	e.lc = coordinatorv1.NewLockServiceClient(e.conn)
+	e.stopped = false
+}
+
+func (e *env) dial() *grpc.ClientConn {
+	e.t.Helper()
+	conn, err := grpc.NewClient(e.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return conn
+}
+
+func (e *env) stop() {
+	if e.stopped {
+		return
+	}
+	e.stopped = true
+	e.mgr.Close()
+	e.gs.Stop()
+	e.conn.Close()
+	e.cli.Close()
+	e.etcd.Close()
+}
+
+// restart stops the coordinator and etcd and starts both again on the same
+// etcd data.
+func (e *env) restart() {
+	e.stop()
+	e.start()
+}
+
+// rev is etcd's current revision.
+func (e *env) rev() int64 {
+	e.t.Helper()
+	r, err := e.cli.Get(context.Background(), "/nothing")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return r.Header.Revision
+}
+
+// queueKeys counts the keys in a lock's queue.
+func (e *env) queueKeys(name string) int64 {
+	e.t.Helper()
+	r, err := e.cli.Get(context.Background(), e.mgr.Keyspace().Queue(name), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return r.Count
+}
+
+// eventually polls cond every 10ms for up to d.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not true after %v: %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func dur(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// acquire grants name or fails the test.
+func (e *env) acquire(name string, ttl time.Duration) *coordinatorv1.AcquireResponse {
+	e.t.Helper()
+	r, err := e.lc.Acquire(ctxT(e.t, 20*time.Second), &coordinatorv1.AcquireRequest{Name: name, Ttl: dur(ttl)})
+	if err != nil {
+		e.t.Fatalf("acquire %q: %v", name, err)
+	}
+	return r
+}
+
+// tryAcquire is Acquire with wait=0.
+func (e *env) tryAcquire(name string) (*coordinatorv1.AcquireResponse, error) {
+	return e.lc.Acquire(ctxT(e.t, 10*time.Second), &coordinatorv1.AcquireRequest{Name: name, Ttl: dur(10 * time.Second), Wait: dur(0)})
+}
+
+func (e *env) validate(name string, token int64) *coordinatorv1.ValidateTokenResponse {
+	e.t.Helper()
+	r, err := e.lc.ValidateToken(ctxT(e.t, 10*time.Second), &coordinatorv1.ValidateTokenRequest{Name: name, Token: token})
+	if err != nil {
+		e.t.Fatalf("validate %q %d: %v", name, token, err)
+	}
+	return r
+}
+
+func (e *env) release(name string, token int64, handle string) bool {
+	e.t.Helper()
+	r, err := e.lc.Release(ctxT(e.t, 10*time.Second), &coordinatorv1.ReleaseRequest{Name: name, Token: token, Handle: handle})
+	if err != nil {
+		e.t.Fatalf("release %q %d: %v", name, token, err)
+	}
+	return r.Released
+}
+
+func (e *env) describe(name string) *coordinatorv1.DescribeResponse {
+	e.t.Helper()
+	r, err := e.lc.Describe(ctxT(e.t, 10*time.Second), &coordinatorv1.DescribeRequest{Name: name})
+	if err != nil {
+		e.t.Fatalf("describe %q: %v", name, err)
+	}
+	return r
+}
+
+func code(err error) codes.Code { return status.Code(err) }
+
+// holderToken extracts the ErrorInfo holder token of an ABORTED Acquire.
+func holderToken(t *testing.T, err error) int64 {
+	t.Helper()
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == "LOCK_HELD" {
+			n, err := strconv.ParseInt(info.GetMetadata()["holder_token"], 10, 64)
+			if err != nil {
+				t.Fatalf("holder_token: %v", err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no LOCK_HELD ErrorInfo in %v", err)
+	return 0
+}
+
+// fieldOf extracts the BadRequest field of an INVALID_ARGUMENT error.
+func fieldOf(err error) string {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) > 0 {
+			return br.GetFieldViolations()[0].GetField()
+		}
+	}
+	return ""
+}
+
+var errStop = errors.New("stop")

@@ -1,0 +1,63 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+
+	"github.com/coordinatord/coordinatord/internal/lease"
+)
+
+// toStatus is the one place where domain errors become gRPC statuses
+// (DESIGN.md, "gRPC error contract"). Errors it does not know are logged
+// once here and become Internal.
+func toStatus(ctx context.Context, log *slog.Logger, method string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var (
+		fe *lease.FieldError
+		ng *lease.NotGrantedError
+	)
+	switch {
+	case errors.As(err, &fe):
+		st := status.New(codes.InvalidArgument, err.Error())
+		return withDetails(st, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+			{Field: fe.Field, Description: fe.Reason},
+		}})
+	case errors.As(err, &ng):
+		st := status.New(codes.Aborted, err.Error())
+		return withDetails(st, &errdetails.ErrorInfo{
+			Reason:   "LOCK_HELD",
+			Domain:   "coordinatord",
+			Metadata: map[string]string{"holder_token": strconv.FormatInt(ng.HolderToken, 10)},
+		})
+	case errors.Is(err, lease.ErrNotHeld):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, lease.ErrShuttingDown), errors.Is(err, lease.ErrUnavailable):
+		return status.Error(codes.Unavailable, err.Error()+"; safe to retry")
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, "deadline exceeded before the operation completed; for Acquire, your queue entry was removed")
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, "cancelled by the caller; for Acquire, your queue entry was removed")
+	}
+	// etcd transport failures come through the etcd client as gRPC statuses.
+	if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable {
+		return status.Error(codes.Unavailable, "etcd unavailable: "+st.Message()+"; safe to retry")
+	}
+	log.ErrorContext(ctx, "internal error", "method", method, "err", err)
+	return status.Error(codes.Internal, "internal error; the coordinator logged the cause")
+}
+
+func withDetails(st *status.Status, detail protoadapt.MessageV1) error {
+	if d, err := st.WithDetails(detail); err == nil {
+		st = d
+	}
+	return st.Err()
+}
