@@ -127,4 +127,3 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info("stopped")
 	return nil
 }
-

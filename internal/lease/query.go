@@ -73,7 +73,7 @@ const (
 )
 
 // List returns up to pageSize holders of locks whose names start with
-// prefix, in byte order of the name, after the cursor pageToken, and the
+// prefix, in etcd key order (see the List RPC), after the cursor pageToken, and the
 // cursor of the next page ("" on the last page).
 func (m *Manager) List(ctx context.Context, prefix string, pageSize int, pageToken string) ([]Holder, string, error) {
 	if err := ValidateName("prefix", prefix, true); err != nil {

@@ -226,3 +226,5 @@ func fieldOf(err error) string {
 }
 
 var errStop = errors.New("stop")
+
+func withMaxTTL(d time.Duration) lease.Option { return lease.WithMaxTTL(d) }

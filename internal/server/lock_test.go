@@ -190,7 +190,7 @@ func TestTryLockAndBoundedWait(t *testing.T) {
 
 func TestGiveUpLeavesNothing(t *testing.T) {
 	cases := []struct {
-		name  string
+		name   string
 		giveUp func(e *env) // returns once the waiter has given up
 	}{
 		{"wait elapsed", func(e *env) {

@@ -924,7 +924,7 @@ func (x *ListRequest) GetPageToken() string {
 // ListResponse is one page of holders.
 type ListResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Holders in byte order of the lock name (expires_at unset).
+	// Holders in List's order (expires_at unset).
 	Holders []*Holder `protobuf:"bytes,1,rep,name=holders,proto3" json:"holders,omitempty"`
 	// Pass as page_token to get the next page; empty on the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`

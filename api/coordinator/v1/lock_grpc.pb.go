@@ -83,8 +83,10 @@ type LockServiceClient interface {
 	// Describe shows a lock's holder and its waiters in queue order, for
 	// operators. It never exposes a handle.
 	Describe(ctx context.Context, in *DescribeRequest, opts ...grpc.CallOption) (*DescribeResponse, error)
-	// List pages through held locks whose names start with `prefix`, in
-	// byte order of the name. It never exposes a handle.
+	// List pages through held locks whose names start with `prefix`. The order
+	// is stable: the byte order of the names with '%' and '/' read as "%25" and
+	// "%2F" and each name followed by '/' (so "job-1" comes before "job"). It
+	// never exposes a handle.
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 }
 
@@ -203,8 +205,10 @@ type LockServiceServer interface {
 	// Describe shows a lock's holder and its waiters in queue order, for
 	// operators. It never exposes a handle.
 	Describe(context.Context, *DescribeRequest) (*DescribeResponse, error)
-	// List pages through held locks whose names start with `prefix`, in
-	// byte order of the name. It never exposes a handle.
+	// List pages through held locks whose names start with `prefix`. The order
+	// is stable: the byte order of the names with '%' and '/' read as "%25" and
+	// "%2F" and each name followed by '/' (so "job-1" comes before "job"). It
+	// never exposes a handle.
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	mustEmbedUnimplementedLockServiceServer()
 }
