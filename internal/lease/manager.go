@@ -299,7 +299,9 @@ func (m *Manager) wait(ctx, parent context.Context, name, queue string, id clien
 
 	notGranted := func() error {
 		var holder int64
-		if r, err := m.cli.Get(context.WithoutCancel(ctx), queue, clientv3.WithFirstCreate()...); err == nil && len(r.Kvs) > 0 {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if r, err := m.cli.Get(rctx, queue, clientv3.WithFirstCreate()...); err == nil && len(r.Kvs) > 0 {
 			holder = r.Kvs[0].CreateRevision
 		}
 		return &NotGrantedError{Name: name, HolderToken: holder}

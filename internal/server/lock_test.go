@@ -367,3 +367,28 @@ func TestWrongHandleOrStaleTokenChangesNothing(t *testing.T) {
 		})
 	}
 }
+
+func TestValidateReasons(t *testing.T) {
+	e := newEnv(t)
+	const (
+		current    = coordinatorv1.ValidateTokenResponse_REASON_CURRENT
+		superseded = coordinatorv1.ValidateTokenResponse_REASON_SUPERSEDED
+		notHeld    = coordinatorv1.ValidateTokenResponse_REASON_NOT_HELD
+	)
+	check := func(what string, token int64, valid bool, reason coordinatorv1.ValidateTokenResponse_Reason, cur int64) {
+		t.Helper()
+		v := e.validate("v", token)
+		if v.Valid != valid || v.Reason != reason || v.CurrentToken != cur {
+			t.Fatalf("%s: validate(%d) = %v, want valid=%v reason=%v current=%d", what, token, v, valid, reason, cur)
+		}
+	}
+	check("never issued, lock free", 12345, false, notHeld, 0)
+	a := e.acquire("v", 30*time.Second)
+	check("holder", a.Token, true, current, a.Token)
+	check("never issued, above the holder", a.Token+100, false, notHeld, a.Token)
+	e.release("v", a.Token, a.Handle)
+	check("released, lock free", a.Token, false, notHeld, 0)
+	b := e.acquire("v", 30*time.Second)
+	check("released, newer holder", a.Token, false, superseded, b.Token)
+	check("new holder", b.Token, true, current, b.Token)
+}

@@ -1,0 +1,261 @@
+package main_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/embedetcd"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "coordinatord-bin")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "coordinatord")
+	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+	if err != nil {
+		panic("go build: " + err.Error() + "\n" + string(out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a running daemon process.
+type proc struct {
+	cmd  *exec.Cmd
+	addr string
+	logs chan map[string]any // every JSON log line
+	done chan error
+}
+
+func startDaemon(t *testing.T, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(binary, append([]string{"--listen", "127.0.0.1:0", "--log-level", "debug"}, args...)...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, logs: make(chan map[string]any, 1000), done: make(chan error, 1)}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) != nil {
+				t.Logf("non-JSON log line: %s", sc.Text())
+				continue
+			}
+			if line["msg"] == "coordinatord serving" {
+				addr <- line["addr"].(string)
+			}
+			select {
+			case p.logs <- line:
+			default:
+			}
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+		p.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	select {
+	case p.addr = <-addr:
+	case err := <-p.done:
+		t.Fatalf("daemon exited before serving: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("daemon not serving after 60s")
+	}
+	return p
+}
+
+func (p *proc) conn(t *testing.T) *grpc.ClientConn {
+	t.Helper()
+	c, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (p *proc) stop(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.done:
+		if err != nil {
+			t.Fatalf("daemon exit after SIGTERM: %v, want status 0", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("daemon still running 30s after SIGTERM")
+	}
+}
+
+func (p *proc) sawLog(msg string) bool {
+	for {
+		select {
+		case l := <-p.logs:
+			if s, _ := l["msg"].(string); strings.Contains(s, msg) {
+				return true
+			}
+		default:
+			return false
+		}
+	}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestDaemonEmbeddedServesAndStopsOnSIGTERM(t *testing.T) {
+	dataDir := t.TempDir()
+	p := startDaemon(t, "--data-dir", dataDir)
+	conn := p.conn(t)
+
+	h, err := healthpb.NewHealthClient(conn).Check(ctxT(t), &healthpb.HealthCheckRequest{})
+	if err != nil || h.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health = %v, %v; want SERVING", h, err)
+	}
+
+	rs, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	rr, err := rs.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var services []string
+	for _, s := range rr.GetListServicesResponse().GetService() {
+		services = append(services, s.Name)
+	}
+	for _, want := range []string{"coordinator.v1.LockService", "grpc.health.v1.Health"} {
+		if !slices.Contains(services, want) {
+			t.Fatalf("reflection lists %v, missing %s", services, want)
+		}
+	}
+	_ = rs.CloseSend()
+
+	lc := coordinatorv1.NewLockServiceClient(conn)
+	g, err := lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "proc", Ttl: durationpb.New(30 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter := make(chan error, 1)
+	go func() {
+		_, err := lc.Acquire(context.Background(), &coordinatorv1.AcquireRequest{Name: "proc"})
+		waiter <- err
+	}()
+	for d, _ := lc.Describe(ctxT(t), &coordinatorv1.DescribeRequest{Name: "proc"}); len(d.GetWaiters()) == 0; d, _ = lc.Describe(ctxT(t), &coordinatorv1.DescribeRequest{Name: "proc"}) {
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	p.stop(t)
+	if err := <-waiter; status.Code(err) != codes.Unavailable {
+		t.Fatalf("waiter at SIGTERM: %v, want UNAVAILABLE", err)
+	}
+	if !p.sawLog("SINGLE-NODE MODE") {
+		t.Error("no loud single-node-mode log line")
+	}
+
+	// Same data dir: the grant survived (its lease has time left), the waiter
+	// left nothing behind, and the next token is greater.
+	p2 := startDaemon(t, "--data-dir", dataDir)
+	lc2 := coordinatorv1.NewLockServiceClient(p2.conn(t))
+	d, err := lc2.Describe(ctxT(t), &coordinatorv1.DescribeRequest{Name: "proc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.GetHolder().GetToken() != g.Token || len(d.GetWaiters()) != 0 {
+		t.Fatalf("after restart Describe = %v; want holder %d and no waiters", d, g.Token)
+	}
+	rel, err := lc2.Release(ctxT(t), &coordinatorv1.ReleaseRequest{Name: "proc", Token: g.Token, Handle: g.Handle})
+	if err != nil || !rel.Released {
+		t.Fatalf("release after restart = %v, %v", rel, err)
+	}
+	g2, err := lc2.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "proc", Wait: durationpb.New(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g2.Token <= g.Token {
+		t.Fatalf("token after daemon restart %d not above %d", g2.Token, g.Token)
+	}
+	p2.stop(t)
+}
+
+func TestDaemonWithExternalEtcd(t *testing.T) {
+	e, err := embedetcd.Start(context.Background(), t.TempDir(), embedetcd.WithFastElection())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	p := startDaemon(t, "--etcd-endpoints", strings.Join(e.Endpoints(), ","), "--key-prefix", "/tenant-a/")
+	lc := coordinatorv1.NewLockServiceClient(p.conn(t))
+	g, err := lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "ext"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Ttl.AsDuration() != 15*time.Second {
+		t.Fatalf("default TTL %v, want 15s", g.Ttl.AsDuration())
+	}
+	if p.sawLog("SINGLE-NODE MODE") {
+		t.Error("single-node mode logged although endpoints were given")
+	}
+	p.stop(t)
+}
+
+func TestBadFlagsExitWithUsageError(t *testing.T) {
+	for _, args := range [][]string{
+		{"--default-ttl", "10m"},
+		{"--max-ttl", "0s"},
+		{"--log-format", "xml"},
+		{"extra-arg"},
+	} {
+		out, err := exec.Command(binary, args...).CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Fatalf("%v: exit %v, want 2; output %s", args, err, out)
+		}
+	}
+}
