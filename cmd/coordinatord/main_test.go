@@ -245,6 +245,16 @@ func TestDaemonWithExternalEtcd(t *testing.T) {
 	p.stop(t)
 }
 
+func TestHelpExitsZero(t *testing.T) {
+	out, err := exec.Command(binary, "-help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("-help: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "-etcd-endpoints") {
+		t.Fatalf("-help output lacks the flags: %s", out)
+	}
+}
+
 func TestBadFlagsExitWithUsageError(t *testing.T) {
 	for _, args := range [][]string{
 		{"--default-ttl", "10m"},

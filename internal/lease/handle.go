@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -32,11 +33,12 @@ func parseHandle(handle string) (clientv3.LeaseID, []byte, error) {
 	if len(handle) != handleLen || handle[16] != '.' {
 		return 0, nil, bad
 	}
+	// One spelling per handle: lower-case hex, canonical base64.
 	idb, err := hex.DecodeString(handle[:16])
-	if err != nil {
+	if err != nil || strings.ToLower(handle[:16]) != handle[:16] {
 		return 0, nil, bad
 	}
-	secret, err := base64.RawURLEncoding.DecodeString(handle[17:])
+	secret, err := base64.RawURLEncoding.Strict().DecodeString(handle[17:])
 	if err != nil || len(secret) != secretLen {
 		return 0, nil, bad
 	}
