@@ -104,21 +104,6 @@ func (s *LockService) KeepAlive(ctx context.Context, req *coordinatorv1.KeepAliv
 	return &coordinatorv1.KeepAliveResponse{Ttl: durationpb.New(r.TTL), ExpiresAt: timestamp(r.ExpiresAt)}, nil
 }
 
-var reasons = map[fence.Reason]coordinatorv1.ValidateTokenResponse_Reason{
-	fence.Current:    coordinatorv1.ValidateTokenResponse_REASON_CURRENT,
-	fence.Superseded: coordinatorv1.ValidateTokenResponse_REASON_SUPERSEDED,
-	fence.NotHeld:    coordinatorv1.ValidateTokenResponse_REASON_NOT_HELD,
-}
-
-// ValidateToken implements coordinatorv1.LockServiceServer.
-func (s *LockService) ValidateToken(ctx context.Context, req *coordinatorv1.ValidateTokenRequest) (*coordinatorv1.ValidateTokenResponse, error) {
-	v, err := s.fence.Validate(ctx, req.GetName(), req.GetToken())
-	if err != nil {
-		return nil, s.fail(ctx, "ValidateToken", err)
-	}
-	return &coordinatorv1.ValidateTokenResponse{Valid: v.Valid, Reason: reasons[v.Reason], CurrentToken: v.CurrentToken}, nil
-}
-
 func holderPB(h *lease.Holder) *coordinatorv1.Holder {
 	return &coordinatorv1.Holder{
 		Name:       h.Name,

@@ -45,6 +45,9 @@ const (
 	// Nobody holds the lock with this token: it was released or expired and
 	// nobody newer holds the lock yet, or it was never issued.
 	ValidateTokenResponse_REASON_NOT_HELD ValidateTokenResponse_Reason = 3
+	// The resource has accepted a greater token: this one is refused
+	// forever. Only with ValidateTokenRequest.resource.
+	ValidateTokenResponse_REASON_FENCED ValidateTokenResponse_Reason = 4
 )
 
 // Enum value maps for ValidateTokenResponse_Reason.
@@ -54,12 +57,14 @@ var (
 		1: "REASON_CURRENT",
 		2: "REASON_SUPERSEDED",
 		3: "REASON_NOT_HELD",
+		4: "REASON_FENCED",
 	}
 	ValidateTokenResponse_Reason_value = map[string]int32{
 		"REASON_UNSPECIFIED": 0,
 		"REASON_CURRENT":     1,
 		"REASON_SUPERSEDED":  2,
 		"REASON_NOT_HELD":    3,
+		"REASON_FENCED":      4,
 	}
 )
 
@@ -112,7 +117,15 @@ type AcquireRequest struct {
 	// Free-form description of the caller (host, pod, job id), shown by
 	// Describe and List. Optional; at most 256 bytes of valid UTF-8. Not an
 	// identity: it proves nothing.
-	Owner         string `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
+	Owner string `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
+	// Idempotency key for retries after an ambiguous outcome (timeout,
+	// dropped connection, UNAVAILABLE), on any replica. Optional; 1 to 128
+	// bytes of printable ASCII; generate one per logical acquisition (e.g. a
+	// UUID). A retry with the same request_id and name returns the same grant
+	// (same token and handle) if it was granted and still lives, or takes the
+	// same queue position if it is still waiting; it never creates a second
+	// grant or waiter. The record lives no longer than the acquisition's lease.
+	RequestId     string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -171,6 +184,13 @@ func (x *AcquireRequest) GetWait() *durationpb.Duration {
 func (x *AcquireRequest) GetOwner() string {
 	if x != nil {
 		return x.Owner
+	}
+	return ""
+}
+
+func (x *AcquireRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -502,7 +522,13 @@ type ValidateTokenRequest struct {
 	// The lock name. Required; same rules as Acquire.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The token to check. Required; must be positive.
-	Token         int64 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	Token int64 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	// Optional protected-resource name (same rules as a lock name). When set,
+	// the token must also be at or above the resource's high-water mark, and
+	// a valid answer advances the mark to the token, in one etcd transaction.
+	// A token below the mark answers REASON_FENCED forever, even once the
+	// lock is free.
+	Resource      string `protobuf:"bytes,3,opt,name=resource,proto3" json:"resource,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -549,6 +575,13 @@ func (x *ValidateTokenRequest) GetToken() int64 {
 		return x.Token
 	}
 	return 0
+}
+
+func (x *ValidateTokenRequest) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
 }
 
 // ValidateTokenResponse is the verdict.
@@ -980,12 +1013,14 @@ var File_coordinator_v1_lock_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_lock_proto_rawDesc = "" +
 	"\n" +
-	"\x19coordinator/v1/lock.proto\x12\x0ecoordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x96\x01\n" +
+	"\x19coordinator/v1/lock.proto\x12\x0ecoordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x01\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12-\n" +
 	"\x04wait\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12\x14\n" +
-	"\x05owner\x18\x04 \x01(\tR\x05owner\"\xc2\x01\n" +
+	"\x05owner\x18\x04 \x01(\tR\x05owner\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\"\xc2\x01\n" +
 	"\x0fAcquireResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x03R\x05token\x12\x16\n" +
 	"\x06handle\x18\x02 \x01(\tR\x06handle\x12\x19\n" +
@@ -1006,19 +1041,21 @@ const file_coordinator_v1_lock_proto_rawDesc = "" +
 	"\x11KeepAliveResponse\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x129\n" +
 	"\n" +
-	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"@\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\\\n" +
 	"\x14ValidateTokenRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05token\x18\x02 \x01(\x03R\x05token\"\xfa\x01\n" +
+	"\x05token\x18\x02 \x01(\x03R\x05token\x12\x1a\n" +
+	"\bresource\x18\x03 \x01(\tR\bresource\"\x8d\x02\n" +
 	"\x15ValidateTokenResponse\x12\x14\n" +
 	"\x05valid\x18\x01 \x01(\bR\x05valid\x12D\n" +
 	"\x06reason\x18\x02 \x01(\x0e2,.coordinator.v1.ValidateTokenResponse.ReasonR\x06reason\x12#\n" +
-	"\rcurrent_token\x18\x03 \x01(\x03R\fcurrentToken\"`\n" +
+	"\rcurrent_token\x18\x03 \x01(\x03R\fcurrentToken\"s\n" +
 	"\x06Reason\x12\x16\n" +
 	"\x12REASON_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eREASON_CURRENT\x10\x01\x12\x15\n" +
 	"\x11REASON_SUPERSEDED\x10\x02\x12\x13\n" +
-	"\x0fREASON_NOT_HELD\x10\x03\"%\n" +
+	"\x0fREASON_NOT_HELD\x10\x03\x12\x11\n" +
+	"\rREASON_FENCED\x10\x04\"%\n" +
 	"\x0fDescribeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\xc0\x01\n" +
 	"\x06Holder\x12\x12\n" +

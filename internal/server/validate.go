@@ -1,0 +1,24 @@
+package server
+
+import (
+	"context"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/fence"
+)
+
+var reasons = map[fence.Reason]coordinatorv1.ValidateTokenResponse_Reason{
+	fence.Current:    coordinatorv1.ValidateTokenResponse_REASON_CURRENT,
+	fence.Superseded: coordinatorv1.ValidateTokenResponse_REASON_SUPERSEDED,
+	fence.NotHeld:    coordinatorv1.ValidateTokenResponse_REASON_NOT_HELD,
+}
+
+// ValidateToken implements coordinatorv1.LockServiceServer.
+func (s *LockService) ValidateToken(ctx context.Context, req *coordinatorv1.ValidateTokenRequest) (*coordinatorv1.ValidateTokenResponse, error) {
+	v, err := s.fence.Validate(ctx, req.GetName(), req.GetToken())
+	if err != nil {
+		return nil, s.fail(ctx, "ValidateToken", err)
+	}
+	return &coordinatorv1.ValidateTokenResponse{Valid: v.Valid, Reason: reasons[v.Reason], CurrentToken: v.CurrentToken}, nil
+}
+
