@@ -21,4 +21,3 @@ func (s *LockService) ValidateToken(ctx context.Context, req *coordinatorv1.Vali
 	}
 	return &coordinatorv1.ValidateTokenResponse{Valid: v.Valid, Reason: reasons[v.Reason], CurrentToken: v.CurrentToken}, nil
 }
-
