@@ -151,4 +151,3 @@ func (m *Manager) end(ctx context.Context, h *held, how string) (bool, error) {
 	}
 	return true, nil
 }
-
