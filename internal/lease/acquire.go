@@ -151,7 +151,7 @@ func (m *Manager) Acquire(ctx context.Context, name string, opts ...AcquireOptio
 		return nil, err
 	}
 	if o.sessionHandle != "" {
-		if o.session, err = m.sessionOf(ctx, o.sessionHandle); err != nil {
+		if o.session, err = m.sessionOf(ctx, "session_handle", o.sessionHandle); err != nil {
 			return nil, err
 		}
 		if o, err = m.acquireOptions(name, append(opts, func(ao *acquireOptions) { ao.session = o.session })); err != nil {
@@ -354,7 +354,7 @@ func (m *Manager) resume(ctx, parent context.Context, name string, o acquireOpti
 	if err != nil {
 		return nil, m.etcdErr(parent, "read lease", err)
 	}
-	if ttl.TTL <= 0 {
+	if ttl.TTL < 0 { // -1: gone; 0: under a second left
 		return nil, nil
 	}
 	a.ttl = ttl.GrantedTTL

@@ -74,14 +74,10 @@ func (m *Manager) OpenSession(ctx context.Context, ttl time.Duration, owner stri
 }
 
 // session resolves a session handle.
-func (m *Manager) sessionOf(ctx context.Context, handle string) (*sessionRef, error) {
+func (m *Manager) sessionOf(ctx context.Context, field, handle string) (*sessionRef, error) {
 	id, sum, err := parseHandle(handle)
 	if err != nil {
-		var fe *FieldError
-		if errors.As(err, &fe) {
-			fe.Field = "session_handle"
-		}
-		return nil, err
+		return nil, fieldErr(field, "is malformed; pass the session handle exactly as OpenSession returned it")
 	}
 	r, err := m.cli.Get(ctx, m.ks.session(id))
 	if err != nil {
@@ -99,7 +95,7 @@ func (m *Manager) sessionOf(ctx context.Context, handle string) (*sessionRef, er
 	if err != nil {
 		return nil, m.etcdErr(ctx, "read session lease", err)
 	}
-	if t.TTL <= 0 {
+	if t.TTL < 0 { // -1: gone; 0: under a second left
 		return nil, ErrSessionNotFound
 	}
 	return &sessionRef{id: id, ttl: t.GrantedTTL, handle: handle, hash: sum}, nil
@@ -138,7 +134,7 @@ func (m *Manager) sessionHolders(ctx context.Context, s *sessionRef) ([]Holder, 
 // KeepAliveSession renews the session's lease, and so all its locks, and
 // lists the locks it holds.
 func (m *Manager) KeepAliveSession(ctx context.Context, handle string) (*Renewal, []Holder, error) {
-	s, err := m.sessionOf(ctx, handle)
+	s, err := m.sessionOf(ctx, "handle", handle)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -162,7 +158,7 @@ func (m *Manager) KeepAliveSession(ctx context.Context, handle string) (*Renewal
 // CloseSession releases every lock of the session (cleanly) and ends it.
 // It reports false if the session was already gone.
 func (m *Manager) CloseSession(ctx context.Context, handle string) (bool, []Holder, error) {
-	s, err := m.sessionOf(ctx, handle)
+	s, err := m.sessionOf(ctx, "handle", handle)
 	if errors.Is(err, ErrSessionNotFound) {
 		return false, nil, nil
 	}
