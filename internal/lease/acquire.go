@@ -215,11 +215,19 @@ func (m *Manager) join(ctx, parent context.Context, name string, o acquireOption
 		a.id, a.ttl, a.session = o.session.id, o.session.ttl, true
 	} else {
 		ttlSec := int64((o.ttl + time.Second - 1) / time.Second)
-		lr, err := m.cli.Grant(ctx, ttlSec)
-		if err != nil {
-			return nil, nil, m.etcdErr(parent, "grant lease", err)
+		if id, ok := m.pool.get(ttlSec, start); ok {
+			// A recycled lease: refreshed, it is as good as a new one.
+			if ka, err := m.cli.KeepAliveOnce(ctx, id); err == nil && ka.TTL > 0 {
+				a.id, a.ttl = id, ka.TTL
+			}
 		}
-		a.id, a.ttl = lr.ID, lr.TTL
+		if a.id == 0 {
+			lr, err := m.cli.Grant(ctx, ttlSec)
+			if err != nil {
+				return nil, nil, m.etcdErr(parent, "grant lease", err)
+			}
+			a.id, a.ttl = lr.ID, lr.TTL
+		}
 	}
 	cleanup := func() { m.withdraw(a) }
 	if o.lockDelay > 0 {
@@ -242,6 +250,12 @@ func (m *Manager) join(ctx, parent context.Context, name string, o acquireOption
 	a.key = m.ks.key(name, a.id)
 	a.rec = record{Owner: o.owner, HandleHash: sum, Since: start.UnixNano(), MaxHold: int64(o.maxHold),
 		LockDelay: int64(o.lockDelay), DelayLease: int64(a.delay), Session: a.session}
+	if !a.session {
+		a.rec.TTL = a.ttl
+	}
+	if o.requestID != "" {
+		a.rec.Req = m.ks.request(name, o.requestID)
+	}
 	held := a.rec
 	held.Acquired = a.rec.Since
 

@@ -45,6 +45,10 @@ type Manager struct {
 	stop    context.Context // cancelled by Close: every wait ends
 	halt    context.CancelFunc
 	waiters sync.WaitGroup
+	bg      sync.WaitGroup // background revokes
+
+	pool   leasePool
+	marker markerLease
 }
 
 type options struct {
@@ -125,6 +129,7 @@ func (m *Manager) Close() {
 	}
 	m.mu.Unlock()
 	m.waiters.Wait()
+	m.bg.Wait()
 }
 
 // enter registers an Acquire with Close; the returned context is cancelled
@@ -150,8 +155,9 @@ type record struct {
 	MaxHold    int64  `json:"maxhold,omitempty"` // ns: no renewal past Acquired+MaxHold
 	LockDelay  int64  `json:"delay,omitempty"`   // ns: the next grant waits this long after an involuntary end
 	DelayLease int64  `json:"dl,omitempty"`      // the lease of the lock-delay key, renewed with the grant
-	End        string `json:"end,omitempty"`     // endReleased or endForced, written just before removal
 	Session    bool   `json:"sess,omitempty"`    // the key is on a session's lease
+	TTL        int64  `json:"ttl,omitempty"`     // s: the lease's granted TTL (for recycling it)
+	Req        string `json:"req,omitempty"`     // the request record's key, if any
 }
 
 // How a grant ended, as recorded in its queue key's last value.
