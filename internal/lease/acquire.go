@@ -278,27 +278,34 @@ func (m *Manager) join(ctx, parent context.Context, name string, o acquireOption
 		// A session has one key per queue: refuse a second.
 		free = append(free, clientv3.Compare(clientv3.CreateRevision(a.key), "=", 0))
 	}
-	var txn clientv3.Txn
+	// Plain and request-id joins go through group commit; a session's join
+	// (which writes the session index) is committed alone.
+	var res txnRes
 	reqKey := ""
-	if o.requestID != "" {
+	switch {
+	case o.requestID != "":
 		reqKey = m.ks.request(name, o.requestID)
-		inner := clientv3.OpTxn(free, hold, queue)
-		txn = m.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(reqKey), "=", 0)).
-			Then(inner, clientv3.OpPut(reqKey, strconv.FormatInt(int64(a.id), 16), clientv3.WithLease(a.id)))
-	} else if a.session {
-		txn = m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.key), "=", 0)).
+		res = m.batch.do(ctx, name,
+			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(reqKey), "=", 0)},
+			[]clientv3.Op{clientv3.OpTxn(free, hold, queue), clientv3.OpPut(reqKey, strconv.FormatInt(int64(a.id), 16), clientv3.WithLease(a.id))},
+			nil)
+	case a.session:
+		resp, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.key), "=", 0)).
 			Then(clientv3.OpTxn(free[:2], hold, queue),
-				clientv3.OpPut(m.ks.sessionIndex(a.id)+escape(name), "", clientv3.WithLease(a.id)))
-	} else {
-		txn = m.cli.Txn(ctx).If(free...).Then(hold...).Else(queue...)
+				clientv3.OpPut(m.ks.sessionIndex(a.id)+escape(name), "", clientv3.WithLease(a.id))).
+			Commit()
+		if err == nil {
+			res = txnRes{rev: resp.Header.Revision, ok: resp.Succeeded, resps: resp.Responses}
+		}
+		res.err = err
+	default:
+		res = m.batch.do(ctx, name, free, hold, queue)
 	}
-	resp, err := txn.Commit()
-	if err != nil {
+	if err := res.err; err != nil {
 		cleanup()
 		return nil, nil, m.etcdErr(parent, "join queue", err)
 	}
-	if !resp.Succeeded && (reqKey != "" || a.session) {
+	if !res.ok && (reqKey != "" || a.session) {
 		// A concurrent attempt with the same request id won the race (we
 		// resume it), or the session already has a key in this queue.
 		cleanup()
@@ -318,10 +325,10 @@ func (m *Manager) join(ctx, parent context.Context, name string, o acquireOption
 		}
 		return r, nil, nil
 	}
-	a.token = resp.Header.Revision
-	granted := resp.Succeeded
+	a.token = res.rev
+	granted := res.ok
 	if reqKey != "" || a.session {
-		granted = resp.Responses[0].GetResponseTxn().GetSucceeded()
+		granted = res.resps[0].GetResponseTxn().GetSucceeded()
 	}
 	if !granted {
 		return a, nil, nil
@@ -464,15 +471,14 @@ func (m *Manager) tryClaim(ctx context.Context, a *attempt) (bool, error) {
 		ttl, err := m.renew(ctx, a.id, a.delay)
 		rc <- renewal{at, ttl, err}
 	}()
-	tr, err := m.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(a.key), "=", a.token),
-			clientv3.Compare(clientv3.CreateRevision(a.queue), ">", a.token-1).WithPrefix(),
-			clientv3.Compare(clientv3.CreateRevision(m.ks.delay(a.name)), "=", 0)).
-		Then(ops...).
-		Commit()
+	res := m.batch.do(ctx, a.name, []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(a.key), "=", a.token),
+		clientv3.Compare(clientv3.CreateRevision(a.queue), ">", a.token-1).WithPrefix(),
+		clientv3.Compare(clientv3.CreateRevision(m.ks.delay(a.name)), "=", 0),
+	}, ops, nil)
 	r := <-rc
-	if err != nil || !tr.Succeeded {
-		return false, err
+	if res.err != nil || !res.ok {
+		return false, res.err
 	}
 	a.rec = held
 	if r.err == nil {

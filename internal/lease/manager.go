@@ -49,6 +49,7 @@ type Manager struct {
 
 	pool   leasePool
 	marker markerLease
+	batch  batcher
 }
 
 type options struct {
@@ -101,7 +102,7 @@ func New(cli *clientv3.Client, opts ...Option) (*Manager, error) {
 		o.log = slog.New(slog.DiscardHandler)
 	}
 	stop, halt := context.WithCancel(context.Background())
-	return &Manager{
+	m := &Manager{
 		cli:        cli,
 		ks:         NewKeyspace(o.prefix),
 		defaultTTL: o.defaultTTL,
@@ -112,7 +113,9 @@ func New(cli *clientv3.Client, opts ...Option) (*Manager, error) {
 		now:        time.Now,
 		stop:       stop,
 		halt:       halt,
-	}, nil
+	}
+	m.batch = batcher{cli: cli, spawn: m.spawn}
+	return m, nil
 }
 
 // Keyspace is the manager's key layout.

@@ -123,14 +123,11 @@ func (m *Manager) end(ctx context.Context, h *held, how string) (bool, error) {
 	if how == endReleased && delay != 0 {
 		ops = append(ops, clientv3.OpDelete(m.ks.delay(h.name)))
 	}
-	tr, err := m.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(h.key), "=", h.modRev)).
-		Then(ops...).
-		Commit()
-	if err != nil {
+	res := m.batch.do(ctx, h.name, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(h.key), "=", h.modRev)}, ops, nil)
+	if err := res.err; err != nil {
 		return false, m.etcdErr(ctx, "end grant", err)
 	}
-	if !tr.Succeeded {
+	if !res.ok {
 		return false, nil // changed or ended since it was read: not ended by this call
 	}
 	switch {
@@ -149,13 +146,28 @@ func (m *Manager) end(ctx context.Context, h *held, how string) (bool, error) {
 // revokeLater revokes a lease in the background; Close waits for it. On
 // failure the lease ends with its TTL (it carries nothing that matters).
 func (m *Manager) revokeLater(id clientv3.LeaseID) {
-	m.bg.Add(1)
-	go func() {
-		defer m.bg.Done()
+	m.spawn(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
 		if _, err := m.cli.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			m.log.Debug("background revoke failed; the lease ends with its TTL", "lease", formatLease(id), "err", err)
 		}
+	})
+}
+
+// spawn runs f in a goroutine that Close waits for; once Close has begun,
+// it runs f inline instead.
+func (m *Manager) spawn(f func()) {
+	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		f()
+		return
+	}
+	m.bg.Add(1)
+	m.mu.Unlock()
+	go func() {
+		defer m.bg.Done()
+		f()
 	}()
 }
