@@ -114,4 +114,3 @@ func (m *Manager) ForceRelease(ctx context.Context, name string, token int64) (b
 	h := &held{name: name, key: string(kv.Key), id: clientv3.LeaseID(kv.Lease), token: token, modRev: kv.ModRevision, rec: rec, session: rec.Session}
 	return m.end(ctx, h, endForced)
 }
-
