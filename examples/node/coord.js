@@ -64,6 +64,7 @@ class Lease {
     this.handle = grant.handle; // the secret: never print or log it
     this.ttl = seconds(grant.ttl);
     this.lost = false;
+    this.released = false;
     this.timer = null;
   }
 
@@ -84,6 +85,7 @@ class Lease {
       try {
         await call(this.client, 'KeepAlive', { name: this.name, token: this.token, handle: this.handle }, this.ttl / 3);
       } catch (err) {
+        if (this.released) return; // a renewal that crossed release()
         if (err.code === grpc.status.NOT_FOUND) {
           // The grant is gone: whoever works under it must stop now.
           say('lost', { name: this.name, token: this.token });
@@ -100,6 +102,7 @@ class Lease {
   }
 
   async release() {
+    this.released = true;
     clearInterval(this.timer);
     const r = await call(this.client, 'Release', { name: this.name, token: this.token, handle: this.handle }, 10);
     return r.released;

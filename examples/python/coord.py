@@ -52,7 +52,11 @@ def load_stubs():
 
 pb, pb_grpc = load_stubs()
 
-REASONS = {v: k for k, v in pb.ValidateTokenResponse.Reason.items()}
+
+
+def reason(r):
+    """The name of a ValidateTokenResponse.Reason, e.g. REASON_SUPERSEDED."""
+    return pb.ValidateTokenResponse.Reason.Name(r)
 
 
 def say(event, **fields):
@@ -150,7 +154,7 @@ class FencedRegister:
         with self._mu:
             v = self.stub.ValidateToken(pb.ValidateTokenRequest(name=self.lock_name, token=token), timeout=10)
             if not v.valid:
-                raise StaleToken(token, REASONS[v.reason], v.current_token)
+                raise StaleToken(token, reason(v.reason), v.current_token)
             if token < self.high_water:
                 raise StaleToken(token, "BELOW_HIGH_WATER_MARK", self.high_water)
             self.high_water = token

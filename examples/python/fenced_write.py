@@ -20,16 +20,20 @@ def main():
     p.add_argument("--name", default="examples/report", help="lock name")
     p.add_argument("--owner", default="python-example", help="owner shown by Describe")
     p.add_argument("--ttl", type=float, default=5, help="lease TTL, seconds")
-    p.add_argument("--wait", type=float, default=10, help="how long to wait for the lock, seconds")
+    p.add_argument("--wait", default="10",
+                   help="how long to wait for the lock, seconds, or 'none' to wait until --deadline")
+    p.add_argument("--deadline", type=float, default=30, help="deadline of the Acquire call, seconds")
     p.add_argument("--hold", default="0",
                    help="seconds to hold the lock (kept alive meanwhile), or 'stdin' to hold until stdin closes")
     args = p.parse_args()
 
     channel, stub = coord.connect(args.addr)
     try:
-        lease = coord.Lease.acquire(stub, args.name, args.ttl, args.owner, wait=args.wait, deadline=args.wait + 10)
+        wait = None if args.wait == "none" else float(args.wait)
+        lease = coord.Lease.acquire(stub, args.name, args.ttl, args.owner, wait=wait, deadline=args.deadline)
     except grpc.RpcError as e:
-        # ABORTED: still held after --wait; the holder's token is in an ErrorInfo detail.
+        # ABORTED: still held after --wait (the holder's token is in an
+        # ErrorInfo detail); DEADLINE_EXCEEDED: --deadline came first.
         coord.say("not-acquired", name=args.name, code=e.code().name)
         return 2
     coord.say("acquired", name=args.name, token=lease.token, ttl="%gs" % lease.ttl)
@@ -48,7 +52,7 @@ def main():
         return 3
 
     v = stub.ValidateToken(coord.pb.ValidateTokenRequest(name=args.name, token=lease.token), timeout=10)
-    coord.say("validated", token=lease.token, valid=v.valid, reason=coord.REASONS[v.reason], current=v.current_token)
+    coord.say("validated", token=lease.token, valid=v.valid, reason=coord.reason(v.reason), current=v.current_token)
     register.write(lease.token, "report by %s, final" % args.owner)
     coord.say("wrote", token=lease.token)
 

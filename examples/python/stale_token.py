@@ -39,7 +39,7 @@ def main():
 
     # A wakes up. Its token is no longer the current holder's...
     v = stub.ValidateToken(coord.pb.ValidateTokenRequest(name=args.name, token=a.token), timeout=10)
-    coord.say("validated", who="a", token=a.token, valid=v.valid, reason=coord.REASONS[v.reason], current=v.current_token)
+    coord.say("validated", who="a", token=a.token, valid=v.valid, reason=coord.reason(v.reason), current=v.current_token)
     # ...so the resource refuses its late write.
     try:
         register.write(a.token, "late write from a")
