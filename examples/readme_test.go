@@ -2,6 +2,7 @@ package examples_test
 
 import (
 	"bytes"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,8 @@ import (
 	"testing"
 	"time"
 )
+
+var update = flag.Bool("update", false, "rewrite the output blocks of README.md's grpcurl walkthrough with what its commands print")
 
 // block is one fenced code block of the README.
 type block struct {
@@ -173,9 +176,14 @@ func TestReadmeGrpcurlWalkthrough(t *testing.T) {
 	if i != len(st) {
 		t.Fatalf("walkthrough ended after step %d of %d:\n%s", i, len(st), out.String())
 	}
+	if *update {
+		updateReadme(t, st, outputs)
+		return
+	}
 	for i, s := range st {
 		if g, w := normalize(outputs[i]), normalize(s.want); g != w {
-			t.Errorf("README walkthrough step %d:\n%s\nprinted:\n%s\nREADME shows:\n%s\n(numbers, times and handles blanked as <n>, <time>, <handle>)",
+			t.Errorf("README walkthrough step %d:\n%s\nprinted:\n%s\nREADME shows:\n%s\n(numbers, times and handles blanked as <n>, <time>, <handle>; "+
+				"if the new output is right: go test ./examples/ -run TestReadmeGrpcurlWalkthrough -update)",
 				i+1, s.commands, outputs[i], s.want)
 		}
 	}
@@ -218,4 +226,34 @@ func first(t *testing.T, s, re string) int64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// updateReadme replaces the output block after each ```sh block of the
+// walkthrough with outputs[i], what step i printed (go test -update).
+func updateReadme(t *testing.T, st []step, outputs []string) {
+	t.Helper()
+	path := filepath.Join(repoRoot, "README.md")
+	readme, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(readme)
+	at := strings.Index(text, "\n## Walkthrough with grpcurl\n")
+	for i, s := range st {
+		at += strings.Index(text[at:], s.commands) + len(s.commands)
+		if s.want == "" {
+			continue
+		}
+		j := strings.Index(text[at:], s.want)
+		if j < 0 {
+			t.Fatalf("README.md: output block of step %d not found", i+1)
+		}
+		got := strings.Trim(outputs[i], "\n") + "\n"
+		text = text[:at+j] + got + text[at+j+len(s.want):]
+		at += j + len(got)
+	}
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rewrote the walkthrough's output blocks in %s: review the diff", path)
 }
