@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 
+	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
 
@@ -38,7 +39,7 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 			Domain:   "coordinatord",
 			Metadata: map[string]string{"holder_token": strconv.FormatInt(ng.HolderToken, 10)},
 		})
-	case errors.Is(err, lease.ErrNotHeld):
+	case errors.Is(err, lease.ErrNotHeld), errors.Is(err, fence.ErrNoMark):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, lease.ErrShuttingDown), errors.Is(err, lease.ErrUnavailable):
 		return status.Error(codes.Unavailable, err.Error()+"; safe to retry")
