@@ -19,7 +19,9 @@ const (
 	fenced     = coordinatorv1.ValidateTokenResponse_REASON_FENCED
 )
 
-func (e *env) fc() coordinatorv1.FenceServiceClient { return coordinatorv1.NewFenceServiceClient(e.conn) }
+func (e *env) fc() coordinatorv1.FenceServiceClient {
+	return coordinatorv1.NewFenceServiceClient(e.conn)
+}
 
 func (e *env) validateAt(name string, token int64, resource string) *coordinatorv1.ValidateTokenResponse {
 	e.t.Helper()
