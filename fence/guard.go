@@ -10,12 +10,14 @@
 //     it admits a token only if it is at least the highest admitted so far,
 //     and runs the write under the same mutex, so check and write are one
 //     atomic step.
+//
 //   - Gate, which wraps a gRPC server (UnaryServerInterceptor,
 //     StreamServerInterceptor) or an HTTP handler (Middleware): it reads the
 //     lock name and token that the client sent (see the header names below),
 //     refuses requests without them, and checks the token against a Guard
 //     and/or the coordinator (ValidateToken with the resource's name, which
 //     keeps a per-resource high-water mark in etcd) before the handler runs.
+//
 //   - The SQL pattern, for a resource that is a database: store the token
 //     with the row and make the write conditional on it, in one statement:
 //
