@@ -246,7 +246,7 @@ func TestPauseDemo(t *testing.T) {
 	}
 	coord := startCoordinator(t)
 	storage := start(t, "storage", "-listen", "127.0.0.1:0", "-coordinator", coord)
-	base := "http://" + storage.next(30*time.Second)["addr"].(string)
+	base := "http://" + storage.next(30 * time.Second)["addr"].(string)
 	worker := func(name string, args ...string) *proc {
 		return start(t, "worker "+name, append([]string{"-coordinator", coord, "-storage", base, "-name", name, "-ttl", ttl.String()}, args...)...)
 	}

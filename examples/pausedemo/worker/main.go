@@ -147,4 +147,3 @@ func release(lock *client.Lock) error {
 	emit("event", "released")
 	return nil
 }
-
