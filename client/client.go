@@ -261,6 +261,8 @@ type acquireOptions struct {
 	wait      *time.Duration
 	owner     string
 	requestID string
+	maxHold   time.Duration
+	lockDelay time.Duration
 }
 
 // AcquireOption configures one Acquire.
@@ -281,6 +283,16 @@ func WithOwner(s string) AcquireOption { return func(o *acquireOptions) { o.owne
 // random bits, new for each Acquire call). Every retry of this Acquire sends
 // the same key, so a grant whose answer was lost is returned, not doubled.
 func WithRequestID(id string) AcquireOption { return func(o *acquireOptions) { o.requestID = id } }
+
+// WithMaxHold bounds how long the lock can be renewed (default: the
+// coordinator's cap, --max-hold). Past acquisition + maxHold the coordinator
+// refuses renewals and the Lock reports ErrLost.
+func WithMaxHold(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.maxHold = d } }
+
+// WithLockDelay asks that, if this grant ends involuntarily (expiry, forced
+// release), nobody be granted the lock for d afterwards; a Release never
+// delays. Default: no delay.
+func WithLockDelay(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.lockDelay = d } }
 
 func newRequestID() string {
 	var b [16]byte
@@ -308,6 +320,12 @@ func (c *Client) Acquire(ctx context.Context, name string, opts ...AcquireOption
 	}
 	if o.wait != nil {
 		req.Wait = durationpb.New(*o.wait)
+	}
+	if o.maxHold != 0 {
+		req.MaxHold = durationpb.New(o.maxHold)
+	}
+	if o.lockDelay != 0 {
+		req.LockDelay = durationpb.New(o.lockDelay)
 	}
 	if c.isClosed() {
 		return nil, ErrClosed

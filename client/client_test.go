@@ -294,3 +294,17 @@ func TestBadInputIsNotRetried(t *testing.T) {
 		t.Fatalf("Acquire with an empty name: %v, want INVALID_ARGUMENT", err)
 	}
 }
+
+// Renewal refused at max_hold: the Lock reports ErrLost.
+func TestMaxHoldEndsTheLock(t *testing.T) {
+	c := dial(t)
+	l, err := c.Acquire(ctxT(t, 10*time.Second), "t/maxhold", client.WithTTL(time.Second), client.WithMaxHold(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, l, 10*time.Second)
+	if !errors.Is(l.Err(), client.ErrLost) {
+		t.Fatalf("Err = %v, want ErrLost (renewal refused at max hold)", l.Err())
+	}
+	_ = l.Release(ctxT(t, 10*time.Second))
+}
