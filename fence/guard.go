@@ -75,10 +75,14 @@ type StaleError struct {
 }
 
 func (e *StaleError) Error() string {
-	if e.Reason != "" {
-		return fmt.Sprintf("fence: token %d for lock %q refused by the coordinator: %s; the lock was lost: stop and acquire it again", e.Token, e.Lock, e.Reason)
+	what := fmt.Sprintf("token %d", e.Token)
+	if e.Lock != "" {
+		what += fmt.Sprintf(" for lock %q", e.Lock)
 	}
-	return fmt.Sprintf("fence: token %d for lock %q is below token %d already accepted; the lock was lost: stop and acquire it again", e.Token, e.Lock, e.Highest)
+	if e.Reason != "" {
+		return fmt.Sprintf("fence: %s refused by the coordinator: %s; the lock was lost: stop and acquire it again", what, e.Reason)
+	}
+	return fmt.Sprintf("fence: %s is below token %d already accepted; the lock was lost: stop and acquire it again", what, e.Highest)
 }
 
 // Is makes errors.Is(err, ErrStale) true.
