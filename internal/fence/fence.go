@@ -52,6 +52,10 @@ var ErrNoMark = errors.New("fence: no high-water mark for this resource: no toke
 // writers of the same mark or queue.
 var errConflict = errors.New("fence: too much contention on the resource's high-water mark")
 
+// testHookBeforeAdvance, if set, runs between the read and the transaction
+// that advances a mark (tests change the lock's holder there).
+var testHookBeforeAdvance func()
+
 // maxAttempts bounds the optimistic retries of one validation. A conflict
 // needs a concurrent change of the holder or of the mark, and only the
 // current holder's token advances a mark, so a few attempts suffice.
@@ -178,6 +182,9 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 	// Advance the mark only if, at commit, every key in the queue is at or
 	// above token (an empty queue compares as 0 and fails), the holder's key
 	// is still the one with create revision token, and nobody moved the mark.
+	if testHookBeforeAdvance != nil {
+		testHookBeforeAdvance()
+	}
 	next := Mark{Resource: resource, Token: token, Lock: name}
 	tr, err := v.cli.Txn(ctx).If(
 		clientv3.Compare(clientv3.CreateRevision(queue), ">", token-1).WithPrefix(),
