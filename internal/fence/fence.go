@@ -179,9 +179,14 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 		// (both facts held at revision r.Header.Revision).
 		return verdict, true, nil
 	}
-	// Advance the mark only if, at commit, every key in the queue is at or
-	// above token (an empty queue compares as 0 and fails), the holder's key
-	// is still the one with create revision token, and nobody moved the mark.
+	// Advance the mark only if, at commit, the holder's key still exists
+	// with create revision token (it was the lowest in the queue, and keys
+	// created later have higher revisions, so it still holds), every key in
+	// the queue is at or above token (redundant with the former, kept as a
+	// direct statement of "token holds"; an empty queue compares as 0 and
+	// fails), and nobody moved the mark. The holder compare is the one that
+	// matters: the range compare alone accepts a released token once only
+	// newer keys remain (TestMarkNotAdvancedWhenHolderChangesMidway).
 	if testHookBeforeAdvance != nil {
 		testHookBeforeAdvance()
 	}
