@@ -228,9 +228,13 @@ func TestMiddlewareWithCoordinator(t *testing.T) {
 	}
 }
 
-// The coordinator cannot be reached: 503, and the handler does not run.
+// The coordinator cannot be reached: 503 once the check timeout passes,
+// and the handler does not run.
 func TestMiddlewareCoordinatorDown(t *testing.T) {
-	lis, _ := net.Listen("tcp", "127.0.0.1:0")
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	addr := lis.Addr().String()
 	lis.Close() // nothing listens there
 	c, err := client.Dial(addr)
@@ -238,21 +242,15 @@ func TestMiddlewareCoordinatorDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	gate, _ := fence.NewGate(fence.WithCoordinator(c, "r"))
+	gate, err := fence.NewGate(fence.WithCoordinator(c, "r"), fence.WithCheckTimeout(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ran := false
 	srv := httptest.NewServer(gate.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran = true })))
 	defer srv.Close()
-	req, _ := http.NewRequestWithContext(ctxT(t, 10*time.Second), http.MethodPut, srv.URL, nil)
-	fence.SetHeaders(req.Header, "l", 7)
-	// The client retries UNAVAILABLE until the request's context ends.
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
-	if err == nil {
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusServiceUnavailable {
-			t.Fatalf("status %d, want 503", resp.StatusCode)
-		}
+	if s := httpPut(t, srv.URL, "l", 7); s != http.StatusServiceUnavailable {
+		t.Fatalf("status %d with the coordinator down, want 503", s)
 	}
 	if ran {
 		t.Fatal("handler ran without a validated token")

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -64,12 +65,16 @@ func FromContext(ctx context.Context) (Admitted, bool) {
 
 // Gate checks the fencing token of each request before its handler runs.
 type Gate struct {
-	guard    *Guard
-	val      Validator
-	resource string
-	lock     string
-	exempt   map[string]bool
+	guard        *Guard
+	val          Validator
+	resource     string
+	lock         string
+	exempt       map[string]bool
+	checkTimeout time.Duration
 }
+
+// DefaultCheckTimeout bounds one coordinator check (retries included).
+const DefaultCheckTimeout = 5 * time.Second
 
 // GateOption configures a Gate.
 type GateOption func(*Gate)
@@ -92,6 +97,12 @@ func WithCoordinator(v Validator, resource string) GateOption {
 // passes.
 func WithLock(name string) GateOption { return func(x *Gate) { x.lock = name } }
 
+// WithCheckTimeout bounds each coordinator check, retries of UNAVAILABLE
+// included (default DefaultCheckTimeout); past it the request is refused
+// with ErrUnavailable. With a Guard the check runs while the guard is held,
+// so this also bounds how long other requests queue behind a slow check.
+func WithCheckTimeout(d time.Duration) GateOption { return func(x *Gate) { x.checkTimeout = d } }
+
 // WithExemptMethods lets these gRPC methods (full names, e.g.
 // "/grpc.health.v1.Health/Check") through without a token.
 func WithExemptMethods(fullMethods ...string) GateOption {
@@ -104,7 +115,7 @@ func WithExemptMethods(fullMethods ...string) GateOption {
 
 // NewGate returns a Gate; it needs WithGuard, WithCoordinator or both.
 func NewGate(opts ...GateOption) (*Gate, error) {
-	g := &Gate{exempt: map[string]bool{}}
+	g := &Gate{exempt: map[string]bool{}, checkTimeout: DefaultCheckTimeout}
 	for _, opt := range opts {
 		opt(g)
 	}
@@ -136,7 +147,9 @@ func (g *Gate) Do(ctx context.Context, lock string, token int64, write func(cont
 		if g.val == nil {
 			return nil
 		}
-		v, err := g.val.ValidateToken(ctx, lock, token, g.resource)
+		cctx, cancel := context.WithTimeout(ctx, g.checkTimeout)
+		defer cancel()
+		v, err := g.val.ValidateToken(cctx, lock, token, g.resource)
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
