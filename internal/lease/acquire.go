@@ -137,6 +137,9 @@ type attempt struct {
 	handle  string
 	rec     record
 	session bool // id is a session's lease: withdraw by deleting the key, never revoke
+
+	refreshed    time.Time // when the lease was refreshed alongside a claim
+	refreshedTTL int64     // its TTL then, 0 if not refreshed
 }
 
 // Acquire queues for the lock and returns the grant. It fails with a
@@ -426,6 +429,44 @@ func (m *Manager) queued(ctx, parent context.Context, a *attempt, o acquireOptio
 	return g, err
 }
 
+// tryClaim marks the attempt granted if, in etcd's view, it heads its
+// queue and no lock-delay is pending, in one transaction; the lease refresh
+// that a grant needs runs alongside, so a hand-off costs one round trip.
+func (m *Manager) tryClaim(ctx context.Context, a *attempt) (bool, error) {
+	held := a.rec
+	held.Acquired = m.now().UnixNano()
+	ops := []clientv3.Op{clientv3.OpPut(a.key, held.encode(), clientv3.WithIgnoreLease())}
+	if a.delay != 0 {
+		ops = append(ops, clientv3.OpPut(m.ks.delay(a.name), "", clientv3.WithLease(a.delay)))
+	}
+	type renewal struct {
+		at  time.Time
+		ttl int64
+		err error
+	}
+	rc := make(chan renewal, 1)
+	go func() {
+		at := m.now()
+		ttl, err := m.renew(ctx, a.id, a.delay)
+		rc <- renewal{at, ttl, err}
+	}()
+	tr, err := m.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(a.key), "=", a.token),
+			clientv3.Compare(clientv3.CreateRevision(a.queue), ">", a.token-1).WithPrefix(),
+			clientv3.Compare(clientv3.CreateRevision(m.ks.delay(a.name)), "=", 0)).
+		Then(ops...).
+		Commit()
+	r := <-rc
+	if err != nil || !tr.Succeeded {
+		return false, err
+	}
+	a.rec = held
+	if r.err == nil {
+		a.refreshed, a.refreshedTTL = r.at, r.ttl
+	}
+	return true, nil
+}
+
 // claim marks the head of the queue as granted (writing the lock-delay key
 // if asked) and refreshes its lease for a full TTL.
 func (m *Manager) claim(ctx, parent context.Context, a *attempt) (*Grant, error) {
@@ -447,6 +488,9 @@ func (m *Manager) claim(ctx, parent context.Context, a *attempt) (*Grant, error)
 			return nil, ErrLostWhileWaiting
 		}
 		a.rec = held
+	}
+	if a.refreshedTTL > 0 { // refreshed alongside the claim
+		return m.grantOf(a, a.refreshed, time.Duration(a.refreshedTTL)*time.Second), nil
 	}
 	refreshed := m.now()
 	ttl, err := m.renew(ctx, a.id, a.delay)
@@ -537,7 +581,21 @@ func (m *Manager) wait(ctx, parent context.Context, a *attempt, timeout <-chan t
 		return m.etcdErr(parent, "wait", ctx.Err())
 	}
 	delayKey := m.ks.delay(a.name)
-	for {
+	for first := true; ; first = false {
+		if !first {
+			// Something we waited for is gone: most often we now head the
+			// queue, so try to claim the lock in one round trip.
+			claimed, err := m.tryClaim(ctx, a)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ended()
+				}
+				return m.etcdErr(parent, "claim", err)
+			}
+			if claimed {
+				return nil
+			}
+		}
 		// The immediate predecessor: the newest key older than ours.
 		r, err := m.cli.Get(ctx, a.queue, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(a.token-1), clientv3.WithKeysOnly())...)
 		if err != nil {
