@@ -4,9 +4,9 @@
 //
 // It prints one JSON event per line on stdout:
 //
-//	{"event":"acquired","token":N,"ttl":"2s"}
+//	{"event":"acquired","token":N,"ttl":"2s","at":"..."}
 //	{"event":"wrote","seq":S,"token":N,"status":200}   (409: the store refused)
-//	{"event":"lost","err":"..."}                       (the SDK reported the loss)
+//	{"event":"lost","err":"...","safe_until":"..."}     (the SDK reported the loss)
 //	{"event":"late_write","token":N,"status":409}      (-write-after-loss)
 //	{"event":"released"}
 //
@@ -78,7 +78,7 @@ func run(cfg config) error {
 	if err != nil {
 		return fmt.Errorf("acquire %q: %w", cfg.lock, err)
 	}
-	emit("event", "acquired", "token", lock.Token(), "ttl", lock.TTL().String())
+	emit("event", "acquired", "token", lock.Token(), "ttl", lock.TTL().String(), "at", stamp(time.Now()))
 
 	put := func(value string) (int, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPut, cfg.storage+"/objects/"+cfg.key, bytes.NewBufferString(value))
@@ -117,7 +117,7 @@ func run(cfg config) error {
 		}
 	}
 	if err := lock.Err(); err != nil {
-		emit("event", "lost", "err", err.Error())
+		emit("event", "lost", "err", err.Error(), "safe_until", stamp(lock.SafeUntil()))
 		if cfg.writeAfterLoss {
 			status, err := put(cfg.name + "-late")
 			if err != nil {
@@ -137,6 +137,10 @@ func run(cfg config) error {
 	}
 	return release(lock)
 }
+
+// stamp is a wall-clock time with nanoseconds, comparable across the
+// demo's processes on one machine.
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 func release(lock *client.Lock) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
