@@ -74,14 +74,15 @@ type Verdict struct {
 
 // Validator checks tokens against etcd.
 type Validator struct {
-	cli *clientv3.Client
-	ks  lease.Keyspace
+	cli   *clientv3.Client
+	ks    lease.Keyspace
+	reads reads
 }
 
 // New returns a Validator for the locks laid out by ks; marks live under
 // ks.Prefix()+"fence/".
 func New(cli *clientv3.Client, ks lease.Keyspace) *Validator {
-	return &Validator{cli: cli, ks: ks}
+	return &Validator{cli: cli, ks: ks, reads: reads{cli: cli}}
 }
 
 // Validate tells whether token is the current holder's token for name. The
@@ -115,7 +116,10 @@ func (v *Validator) Validate(ctx context.Context, name string, token int64, reso
 }
 
 func (v *Validator) validate(ctx context.Context, name string, token int64) (Verdict, error) {
-	r, err := v.cli.Get(ctx, v.ks.Queue(name), append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)
+	r, err := v.reads.get(clientv3.OpGet(v.ks.Queue(name), append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...))
+	if err == nil && ctx.Err() != nil {
+		err = ctx.Err()
+	}
 	if err != nil {
 		return Verdict{}, v.etcdErr(ctx, "validate", err)
 	}
