@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+)
+
+// A locker is one lock system as the benchmark's workers see it. Worker w
+// always uses the same connection and (for the etcd peers) the same lease.
+type locker interface {
+	// lock blocks until worker w holds name; the returned func releases it.
+	// It also returns the fencing token (or, for the etcd peers, the key's
+	// create revision) and the key to validate it by.
+	lock(ctx context.Context, w int, name string) (held, error)
+}
+
+type held struct {
+	token   int64
+	key     string // etcd peers: the lock key
+	release func(context.Context) error
+}
+
+// Names of the systems in the tables.
+const (
+	sysCoord  = "coordinatord"
+	sysMutex  = "etcd Mutex"
+	sysV3lock = "etcd v3lock"
+	sysGet    = "etcd linearizable Get"
+)
+
+// clients are the shared connections of the load generator: a few gRPC
+// connections to coordinatord and a few etcd clients, each shared by many
+// workers (one HTTP/2 connection carries many concurrent calls).
+type clients struct {
+	coordConns []*grpc.ClientConn
+	coord      []coordinatorv1.LockServiceClient
+	etcd       []*clientv3.Client
+	sessions   []*concurrency.Session // one per worker: Mutex's recommended use
+	leases     []clientv3.LeaseID     // one per worker, for v3lock
+}
+
+func dialClients(ctx context.Context, coordAddr, etcdURL string, conns, workers int) (*clients, error) {
+	c := &clients{}
+	for range conns {
+		gc, err := grpc.NewClient(coordAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		c.coordConns = append(c.coordConns, gc)
+		c.coord = append(c.coord, coordinatorv1.NewLockServiceClient(gc))
+		ec, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdURL}, DialTimeout: 5 * time.Second})
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		c.etcd = append(c.etcd, ec)
+	}
+	for w := range workers {
+		cli := c.etcd[w%conns]
+		s, err := concurrency.NewSession(cli, concurrency.WithTTL(60))
+		if err != nil {
+			c.close()
+			return nil, fmt.Errorf("mutex session: %w", err)
+		}
+		c.sessions = append(c.sessions, s)
+		// The v3lock leases outlive the whole run (at most 30 minutes), so
+		// nobody needs to renew them.
+		lr, err := cli.Grant(ctx, 3600)
+		if err != nil {
+			c.close()
+			return nil, fmt.Errorf("v3lock lease: %w", err)
+		}
+		c.leases = append(c.leases, lr.ID)
+	}
+	return c, nil
+}
+
+func (c *clients) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, s := range c.sessions {
+		_ = s.Close()
+	}
+	for i, id := range c.leases {
+		_, _ = c.etcd[i%len(c.etcd)].Revoke(ctx, id)
+	}
+	for _, gc := range c.coordConns {
+		_ = gc.Close()
+	}
+	for _, ec := range c.etcd {
+		_ = ec.Close()
+	}
+}
+
+// benchTTL is the lease TTL of every coordinatord grant the workers take.
+const benchTTL = 30 * time.Second
+
+type coordLocker struct{ c *clients }
+
+func (l coordLocker) lock(ctx context.Context, w int, name string) (held, error) {
+	lc := l.c.coord[w%len(l.c.coord)]
+	g, err := lc.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: name, Ttl: durationpb.New(benchTTL)})
+	if err != nil {
+		return held{}, err
+	}
+	return held{token: g.GetToken(), release: func(ctx context.Context) error {
+		r, err := lc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: name, Token: g.GetToken(), Handle: g.GetHandle()})
+		if err == nil && !r.GetReleased() {
+			return fmt.Errorf("release of %q token %d: released=false", name, g.GetToken())
+		}
+		return err
+	}}, nil
+}
+
+type mutexLocker struct{ c *clients }
+
+func (l mutexLocker) lock(ctx context.Context, w int, name string) (held, error) {
+	m := concurrency.NewMutex(l.c.sessions[w], "/bench/mutex/"+name)
+	if err := m.Lock(ctx); err != nil {
+		return held{}, err
+	}
+	return held{token: m.Header().Revision, key: m.Key(), release: m.Unlock}, nil
+}
+
+type v3lockLocker struct{ c *clients }
+
+func (l v3lockLocker) lock(ctx context.Context, w int, name string) (held, error) {
+	lc := v3lockpb.NewLockClient(l.c.etcd[w%len(l.c.etcd)].ActiveConnection())
+	r, err := lc.Lock(ctx, &v3lockpb.LockRequest{Name: []byte("/bench/v3lock/" + name), Lease: int64(l.c.leases[w])})
+	if err != nil {
+		return held{}, err
+	}
+	return held{token: r.GetHeader().GetRevision(), key: string(r.GetKey()), release: func(ctx context.Context) error {
+		_, err := lc.Unlock(ctx, &v3lockpb.UnlockRequest{Key: r.GetKey()})
+		return err
+	}}, nil
+}
