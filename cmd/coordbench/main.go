@@ -241,7 +241,7 @@ func bench1(cfg config) (rep *report, err error) {
 	}
 	if cfg.has(scHeld) {
 		var hs []heldLock
-		defer func() { b.drain(hs) }()
+		defer b.drain()
 		for _, h := range cfg.held {
 			t := time.Now()
 			if hs, err = b.fill(hs, h); err != nil {

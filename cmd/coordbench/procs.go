@@ -28,6 +28,7 @@ import (
 // this binary re-executed with a hidden first argument; each prints one
 // "READY <addr> <pprof addr>" line and stops when its stdin closes.
 const (
+	coordPrefix     = "/coordinatord/" // the coordinatord child's etcd key prefix
 	roleEtcd        = "child-etcd"
 	roleCoordinator = "child-coordinator"
 )
@@ -68,7 +69,7 @@ func runChild(role string, args []string) int {
 		err := daemon.Run(ctx, daemon.Config{
 			Listen:          "127.0.0.1:0",
 			EtcdEndpoints:   []string{*etcdURL},
-			KeyPrefix:       "/coordinatord/",
+			KeyPrefix:       coordPrefix,
 			DefaultTTL:      15 * time.Second,
 			MaxTTL:          time.Hour, // the held-lock scenario holds locks for the whole run
 			ShutdownTimeout: 5 * time.Second,
