@@ -71,7 +71,7 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&scenarioList, "scenarios", "uncontended,contended,validate,held", "scenarios to run")
 	fs.StringVar(&c.out, "out", "docs/benchmarks/results.md", "markdown report (also printed to stdout); empty: stdout only")
 	fs.StringVar(&c.svg, "svg", "docs/benchmarks/chart.svg", "SVG chart; empty: none")
-	fs.StringVar(&c.profileDir, "profile-dir", "", "if set, CPU profiles of coordinatord and etcd during the 64-client uncontended and validate cells of coordinatord (first repetition) are written here")
+	fs.StringVar(&c.profileDir, "profile-dir", "", "if set, CPU profiles of coordinatord and etcd during the first repetition of the 64-client uncontended cells (coordinatord and Mutex) and validate cell (coordinatord) are written here")
 	fs.StringVar(&c.dataDir, "data-dir", "", "etcd data directory (default: a new temporary directory, removed at the end)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -205,8 +205,13 @@ func bench1(cfg config) (rep *report, err error) {
 			for r := range cfg.reps {
 				for _, s := range rotate(lockSystems, r) {
 					prof := ""
-					if cfg.profileDir != "" && s == sysCoord && n == 64 && r == 0 {
-						prof = "uncontended-64"
+					if cfg.profileDir != "" && n == 64 && r == 0 {
+						switch s {
+						case sysCoord:
+							prof = "uncontended-64"
+						case sysMutex:
+							prof = "uncontended-64-mutex" // etcd's profile under the peer's load
+						}
 					}
 					progress(b.uncontended(cell{scenario: scUncontended, clients: n, system: s}, r, prof))
 				}
