@@ -30,7 +30,7 @@ test-short:
 ## writes docs/benchmarks/results.md and chart.svg, CPU profiles into bin/profiles (pass flags with ARGS=...)
 bench:
 	$(GO) build -o $(BIN)/coordbench ./cmd/coordbench
-	$(BIN)/coordbench -profile-dir $(BIN)/profiles $(ARGS)
+	$(BIN)/coordbench -profile-dir bin/profiles $(ARGS)
 
 ## bench-quick: the same scenarios, short (about 2 minutes); writes bin/bench-quick.md and bin/bench-quick.svg
 bench-quick:

@@ -34,6 +34,7 @@ type config struct {
 	profileDir       string
 	dataDir          string
 	quick            bool
+	whatif           bool
 	args             []string
 }
 
@@ -72,6 +73,7 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&c.out, "out", "docs/benchmarks/results.md", "markdown report (also printed to stdout); empty: stdout only")
 	fs.StringVar(&c.svg, "svg", "docs/benchmarks/chart.svg", "SVG chart; empty: none")
 	fs.StringVar(&c.profileDir, "profile-dir", "", "if set, CPU profiles of coordinatord and etcd during the first repetition of the 64-client uncontended cells (coordinatord and Mutex) and validate cell (coordinatord) are written here")
+	fs.BoolVar(&c.whatif, "whatif", false, "also run two what-if systems in the uncontended scenario: coordinatord's etcd recipe done directly (today's, and with a reused lease and delete-on-release)")
 	fs.StringVar(&c.dataDir, "data-dir", "", "etcd data directory (default: a new temporary directory, removed at the end)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -182,6 +184,7 @@ func bench1(cfg config) (rep *report, err error) {
 	defer cl.close()
 	b := &bench{cfg: cfg, etcd: etcd, coord: coord, cl: cl, systems: map[string]locker{
 		sysCoord: coordLocker{cl}, sysMutex: mutexLocker{cl}, sysV3lock: v3lockLocker{cl},
+		sysRecipeNow: recipeNowLocker{cl}, sysRecipeNext: recipeNextLocker{cl},
 	}}
 	rep = &report{cfg: cfg, rss: map[int][2]int64{}, load: [2]string{loadAvg()}}
 	rep.baseRSS[0], _ = rss(coord.pid())
@@ -200,10 +203,14 @@ func bench1(cfg config) (rep *report, err error) {
 	}
 	lockSystems := []string{sysCoord, sysMutex, sysV3lock}
 
+	uncontendedSystems := lockSystems
+	if cfg.whatif {
+		uncontendedSystems = append(slices.Clone(lockSystems), sysRecipeNow, sysRecipeNext)
+	}
 	if cfg.has(scUncontended) {
 		for _, n := range cfg.clients {
 			for r := range cfg.reps {
-				for _, s := range rotate(lockSystems, r) {
+				for _, s := range rotate(uncontendedSystems, r) {
 					prof := ""
 					if cfg.profileDir != "" && n == 64 && r == 0 {
 						switch s {

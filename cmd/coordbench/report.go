@@ -126,11 +126,11 @@ func (rp *report) rows() []row {
 	p50 := func(a agg) spread { return a.p50 }
 	p99 := func(a agg) spread { return a.p99 }
 	for _, n := range rp.cfg.clients {
-		for _, peer := range []string{sysMutex, sysV3lock} {
+		for _, peer := range []string{sysMutex, sysV3lock, sysRecipeNow, sysRecipeNext} {
 			cmp(scUncontended, n, 0, peer, fmt.Sprintf("uncontended, %d clients, distinct names", n), "acquire+release cycles/s",
 				fmt.Sprintf("uncontended %d: cycles/s vs %s", n, peer), false, rate)
 		}
-		for _, peer := range []string{sysMutex, sysV3lock} {
+		for _, peer := range []string{sysMutex, sysV3lock, sysRecipeNow, sysRecipeNext} {
 			cmp(scUncontended, n, 0, peer, fmt.Sprintf("uncontended, %d clients, distinct names", n), "acquire latency p50",
 				fmt.Sprintf("uncontended %d: acquire p50 vs %s", n, peer), true, p50)
 		}
@@ -246,7 +246,7 @@ func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
 func (rp *report) markdown() string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	cmd := "go run ./cmd/coordbench"
+	cmd := "coordbench"
 	if len(rp.cfg.args) > 0 {
 		cmd += " " + strings.Join(rp.cfg.args, " ")
 	}
@@ -332,7 +332,7 @@ func (rp *report) chart() string {
 		}
 	}
 	for _, r := range rp.rows() {
-		if strings.Contains(r.label, "p99") || (strings.Contains(r.label, "acquire p50") && !strings.HasPrefix(r.label, "uncontended 1:") && !strings.Contains(r.label, "held")) {
+		if strings.HasPrefix(r.peer, "what-if") || strings.Contains(r.label, "p99") || (strings.Contains(r.label, "acquire p50") && !strings.HasPrefix(r.label, "uncontended 1:") && !strings.Contains(r.label, "held")) {
 			continue // keep the chart readable: the table has them all
 		}
 		if r.speedup > 0 {
@@ -366,7 +366,7 @@ func (rp *report) chart() string {
 		return float64(left) + plotW*(math.Log10(v)-math.Log10(lo))/(math.Log10(hi)-math.Log10(lo))
 	}
 	height := top + len(bars)*(barH+gap) + 50
-	colors := map[string]string{sysMutex: "#4e79a7", sysV3lock: "#59a14f", sysGet: "#f28e2b", "self": "#b07aa1"}
+	colors := map[string]string{sysMutex: "#4e79a7", sysV3lock: "#59a14f", sysGet: "#f28e2b", "self": "#b07aa1", sysRecipeNow: "#bab0ac", sysRecipeNext: "#bab0ac"}
 
 	var s strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&s, format, args...) }

@@ -146,3 +146,66 @@ func (l v3lockLocker) lock(ctx context.Context, w int, name string) (held, error
 		return err
 	}}, nil
 }
+
+// What-if systems (flag -whatif, uncontended scenario only): coordinatord's
+// etcd recipe done directly by the client, without the coordinator hop, to
+// separate what the recipe costs in etcd from what the extra hop costs, and
+// to measure the recipe the proposals in docs/BENCHMARKS.md lead to.
+const (
+	sysRecipeNow  = "what-if: today's recipe, direct"
+	sysRecipeNext = "what-if: reused lease + delete, direct"
+)
+
+// recipeNowLocker is today's Acquire/Release etcd calls: Grant, a Txn that
+// joins the empty queue as holder; Get, Revoke. It only handles free names.
+type recipeNowLocker struct{ c *clients }
+
+func (l recipeNowLocker) lock(ctx context.Context, w int, name string) (held, error) {
+	cli := l.c.etcd[w%len(l.c.etcd)]
+	lr, err := cli.Grant(ctx, int64(benchTTL/time.Second))
+	if err != nil {
+		return held{}, err
+	}
+	queue := "/bench/whatif-now/" + name + "/"
+	key := fmt.Sprintf("%s%016x", queue, uint64(lr.ID))
+	r, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(queue), "=", 0).WithPrefix()).
+		Then(clientv3.OpPut(key, `{"hh":"0123456789abcdef0123456789abcdef0123456789ab"}`, clientv3.WithLease(lr.ID))).Commit()
+	if err == nil && !r.Succeeded {
+		err = fmt.Errorf("what-if: %q is held", name)
+	}
+	if err != nil {
+		return held{}, err
+	}
+	return held{token: r.Header.Revision, release: func(ctx context.Context) error {
+		if _, err := cli.Get(ctx, key); err != nil {
+			return err
+		}
+		_, err := cli.Revoke(ctx, lr.ID)
+		return err
+	}}, nil
+}
+
+// recipeNextLocker joins with the worker's long-lived lease (no Grant) and
+// releases by deleting the key if it is still this grant's (no Revoke, so
+// no forced etcd backend commit). It only handles free names.
+type recipeNextLocker struct{ c *clients }
+
+func (l recipeNextLocker) lock(ctx context.Context, w int, name string) (held, error) {
+	cli := l.c.etcd[w%len(l.c.etcd)]
+	id := l.c.leases[w]
+	queue := "/bench/whatif-next/" + name + "/"
+	key := fmt.Sprintf("%s%016x", queue, uint64(id))
+	r, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(queue), "=", 0).WithPrefix()).
+		Then(clientv3.OpPut(key, `{"hh":"0123456789abcdef0123456789abcdef0123456789ab"}`, clientv3.WithLease(id))).Commit()
+	if err == nil && !r.Succeeded {
+		err = fmt.Errorf("what-if: %q is held", name)
+	}
+	if err != nil {
+		return held{}, err
+	}
+	token := r.Header.Revision
+	return held{token: token, release: func(ctx context.Context) error {
+		_, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", token)).Then(clientv3.OpDelete(key)).Commit()
+		return err
+	}}, nil
+}
