@@ -73,7 +73,7 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&c.out, "out", "docs/benchmarks/results.md", "markdown report (also printed to stdout); empty: stdout only")
 	fs.StringVar(&c.svg, "svg", "docs/benchmarks/chart.svg", "SVG chart; empty: none")
 	fs.StringVar(&c.profileDir, "profile-dir", "", "if set, CPU profiles of coordinatord and etcd during the first repetition of the 64-client uncontended cells (coordinatord and Mutex) and validate cell (coordinatord) are written here")
-	fs.BoolVar(&c.whatif, "whatif", false, "also run two what-if systems in the uncontended scenario: coordinatord's etcd recipe done directly (today's, and with a reused lease and delete-on-release)")
+	fs.BoolVar(&c.whatif, "whatif", false, "also run three what-if systems in the uncontended scenario: coordinatord's etcd recipe done directly by the client (today's; with a reused lease and delete-on-release; and that with group commit)")
 	fs.StringVar(&c.dataDir, "data-dir", "", "etcd data directory (default: a new temporary directory, removed at the end)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -186,6 +186,11 @@ func bench1(cfg config) (rep *report, err error) {
 		sysCoord: coordLocker{cl}, sysMutex: mutexLocker{cl}, sysV3lock: v3lockLocker{cl},
 		sysRecipeNow: recipeNowLocker{cl}, sysRecipeNext: recipeNextLocker{cl},
 	}}
+	if cfg.whatif {
+		bt := newBatcher(cl.etcd[0], 2, 128)
+		defer close(bt.stop)
+		b.systems[sysRecipeBatch] = recipeBatchLocker{cl, bt}
+	}
 	rep = &report{cfg: cfg, rss: map[int][2]int64{}, load: [2]string{loadAvg()}}
 	rep.baseRSS[0], _ = rss(coord.pid())
 	rep.baseRSS[1], _ = rss(etcd.pid())
@@ -205,7 +210,7 @@ func bench1(cfg config) (rep *report, err error) {
 
 	uncontendedSystems := lockSystems
 	if cfg.whatif {
-		uncontendedSystems = append(slices.Clone(lockSystems), sysRecipeNow, sysRecipeNext)
+		uncontendedSystems = append(slices.Clone(lockSystems), sysRecipeNow, sysRecipeNext, sysRecipeBatch)
 	}
 	if cfg.has(scUncontended) {
 		for _, n := range cfg.clients {
