@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := $(CURDIR)/bin
 ARGS    ?=
 
-.PHONY: all build run test test-short generate lint verify tools grpcurl clean
+.PHONY: all build run test test-short generate lint verify tools grpcurl clean bench bench-quick bench-go
 
 all: build
 
@@ -25,6 +25,21 @@ test:
 ## test-short: the fast tests only, without the race detector
 test-short:
 	$(GO) test -short -count=1 ./...
+
+## bench: the full side-by-side benchmark (coordinatord vs etcd Mutex, v3lock, linearizable Get; ~20 min on 2 cores);
+## writes docs/benchmarks/results.md and chart.svg, CPU profiles into bin/profiles (pass flags with ARGS=...)
+bench:
+	$(GO) build -o $(BIN)/coordbench ./cmd/coordbench
+	$(BIN)/coordbench -profile-dir bin/profiles $(ARGS)
+
+## bench-quick: the same scenarios, short (about 2 minutes); writes bin/bench-quick.md and bin/bench-quick.svg
+bench-quick:
+	$(GO) build -o $(BIN)/coordbench ./cmd/coordbench
+	$(BIN)/coordbench -quick -out $(BIN)/bench-quick.md -svg $(BIN)/bench-quick.svg $(ARGS)
+
+## bench-go: the testing.B micro- and end-to-end benchmarks of the hot paths
+bench-go:
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/...
 
 # buf lives in its own module (tools/go.mod): it needs a newer protobuf
 # runtime than the daemon builds with.
