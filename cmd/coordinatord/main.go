@@ -74,6 +74,9 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs.DurationVar(&cfg.DefaultTTL, "default-ttl", envDuration("DEFAULT_TTL", 15*time.Second), "lease TTL when a request asks for none (env COORDINATORD_DEFAULT_TTL)")
 	fs.DurationVar(&cfg.MaxTTL, "max-ttl", envDuration("MAX_TTL", 5*time.Minute), "largest lease TTL a request may ask for (env COORDINATORD_MAX_TTL)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", envDuration("SHUTDOWN_TIMEOUT", 10*time.Second), "bound on the graceful stop (env COORDINATORD_SHUTDOWN_TIMEOUT)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", env("TLS_CERT", ""), "PEM server certificate file; with -tls-key, gRPC is served over TLS 1.2+ (env COORDINATORD_TLS_CERT)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", env("TLS_KEY", ""), "PEM private key file of -tls-cert (env COORDINATORD_TLS_KEY)")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", env("TLS_CLIENT_CA", ""), "PEM CA bundle; set, every client must present a certificate signed by it (mutual TLS) (env COORDINATORD_TLS_CLIENT_CA)")
 	fs.StringVar(&level, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env COORDINATORD_LOG_LEVEL)")
 	fs.StringVar(&format, "log-format", env("LOG_FORMAT", "json"), "json or text (env COORDINATORD_LOG_FORMAT)")
 	if err := fs.Parse(args); err != nil {
@@ -105,6 +108,10 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		return cfg, nil, fmt.Errorf("-max-ttl %v: must be at least 1s", cfg.MaxTTL)
 	case cfg.DefaultTTL < time.Second || cfg.DefaultTTL > cfg.MaxTTL:
 		return cfg, nil, fmt.Errorf("-default-ttl %v: must be between 1s and -max-ttl (%v)", cfg.DefaultTTL, cfg.MaxTTL)
+	case (cfg.TLSCert == "") != (cfg.TLSKey == ""):
+		return cfg, nil, errors.New("-tls-cert and -tls-key go together")
+	case cfg.TLSClientCA != "" && cfg.TLSCert == "":
+		return cfg, nil, errors.New("-tls-client-ca needs -tls-cert and -tls-key")
 	case cfg.ShutdownTimeout <= 0:
 		return cfg, nil, fmt.Errorf("-shutdown-timeout %v: must be positive", cfg.ShutdownTimeout)
 	}

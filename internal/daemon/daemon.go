@@ -13,12 +13,15 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/logging"
 	"github.com/coordinatord/coordinatord/internal/server"
+	"github.com/coordinatord/coordinatord/internal/tlsconf"
 )
 
 // Config is everything Run needs.
@@ -40,6 +43,11 @@ type Config struct {
 	Logger *slog.Logger
 	// OnListen, if set, is called with the bound address once serving.
 	OnListen func(net.Addr)
+
+	// TLSCert and TLSKey (PEM files) switch gRPC to TLS; with TLSClientCA
+	// every client must present a certificate that chains to it (mutual
+	// TLS). The files are re-read when they change.
+	TLSCert, TLSKey, TLSClientCA string
 }
 
 // Run serves until ctx is cancelled, then stops: it marks itself not
@@ -84,7 +92,23 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	val := fence.New(cli, mgr.Keyspace())
-	gs, hs := server.NewGRPCServer(server.NewLockService(mgr, val, log), log)
+	var srvOpts []server.Option
+	if cfg.TLSCert != "" || cfg.TLSKey != "" || cfg.TLSClientCA != "" {
+		ts, err := tlsconf.NewServer(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA)
+		if err != nil {
+			return err
+		}
+		ts.OnReloadError = func(err error) {
+			log.Error("TLS files changed but do not load; still serving the previous certificate", "err", err)
+		}
+		srvOpts = append(srvOpts, server.WithServerOptions(grpc.Creds(credentials.NewTLS(ts.Config()))))
+		log.Info("gRPC over TLS", "mutual_tls", ts.MutualTLS())
+	} else if !loopback(cfg.Listen) {
+		log.Warn("PLAINTEXT gRPC on a non-loopback address: anyone on the network can read handles and take locks; "+
+			"use --tls-cert/--tls-key (and --tls-client-ca for mutual TLS), or listen on 127.0.0.1 for a sidecar",
+			"listen", cfg.Listen)
+	}
+	gs, hs := server.NewGRPCServer(server.NewLockService(mgr, val, log), log, srvOpts...)
 
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -126,4 +150,17 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// loopback tells whether a listen address binds only the loopback interface.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
