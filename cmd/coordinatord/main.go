@@ -77,6 +77,9 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs.StringVar(&cfg.TLSCert, "tls-cert", env("TLS_CERT", ""), "PEM server certificate file; with -tls-key, gRPC is served over TLS 1.2+ (env COORDINATORD_TLS_CERT)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", env("TLS_KEY", ""), "PEM private key file of -tls-cert (env COORDINATORD_TLS_KEY)")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", env("TLS_CLIENT_CA", ""), "PEM CA bundle; set, every client must present a certificate signed by it (mutual TLS) (env COORDINATORD_TLS_CLIENT_CA)")
+	fs.StringVar(&cfg.AuthPolicy, "auth-policy", env("AUTH_POLICY", ""), "JSON authorization policy file; set, every call but health and reflection needs an identity (client certificate or bearer token) allowed by it (env COORDINATORD_AUTH_POLICY)")
+	fs.StringVar(&cfg.AuthTokens, "auth-tokens", env("AUTH_TOKENS", ""), "bearer token file: lines \"identity sha256-hex-of-token\" (env COORDINATORD_AUTH_TOKENS)")
+	fs.DurationVar(&cfg.AuthReloadInterval, "auth-reload-interval", envDuration("AUTH_RELOAD_INTERVAL", 5*time.Second), "how often the policy and token files are checked for changes; SIGHUP reloads at once (env COORDINATORD_AUTH_RELOAD_INTERVAL)")
 	fs.StringVar(&level, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env COORDINATORD_LOG_LEVEL)")
 	fs.StringVar(&format, "log-format", env("LOG_FORMAT", "json"), "json or text (env COORDINATORD_LOG_FORMAT)")
 	if err := fs.Parse(args); err != nil {
@@ -112,6 +115,10 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		return cfg, nil, errors.New("-tls-cert and -tls-key go together")
 	case cfg.TLSClientCA != "" && cfg.TLSCert == "":
 		return cfg, nil, errors.New("-tls-client-ca needs -tls-cert and -tls-key")
+	case cfg.AuthTokens != "" && cfg.AuthPolicy == "":
+		return cfg, nil, errors.New("-auth-tokens needs -auth-policy")
+	case cfg.AuthReloadInterval <= 0:
+		return cfg, nil, fmt.Errorf("-auth-reload-interval %v: must be positive", cfg.AuthReloadInterval)
 	case cfg.ShutdownTimeout <= 0:
 		return cfg, nil, fmt.Errorf("-shutdown-timeout %v: must be positive", cfg.ShutdownTimeout)
 	}

@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -16,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/coordinatord/coordinatord/internal/authz"
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
@@ -48,6 +52,14 @@ type Config struct {
 	// every client must present a certificate that chains to it (mutual
 	// TLS). The files are re-read when they change.
 	TLSCert, TLSKey, TLSClientCA string
+
+	// AuthPolicy, if set, is the authorization policy file (JSON, see
+	// authz.Policy): every call but health and reflection then needs an
+	// identity, from a verified client certificate or a bearer token listed
+	// in AuthTokens. Both files are reloaded when they change (checked every
+	// AuthReloadInterval) and on SIGHUP.
+	AuthPolicy, AuthTokens string
+	AuthReloadInterval     time.Duration
 }
 
 // Run serves until ctx is cancelled, then stops: it marks itself not
@@ -108,6 +120,19 @@ func Run(ctx context.Context, cfg Config) error {
 			"use --tls-cert/--tls-key (and --tls-client-ca for mutual TLS), or listen on 127.0.0.1 for a sidecar",
 			"listen", cfg.Listen)
 	}
+	var store *authz.Store
+	if cfg.AuthPolicy != "" {
+		if store, err = authz.NewStore(cfg.AuthPolicy, cfg.AuthTokens); err != nil {
+			return err
+		}
+		u, st := server.AuthInterceptors(store)
+		srvOpts = append(srvOpts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{u}, []grpc.StreamServerInterceptor{st}))
+		log.Info("authorization on", "policy", cfg.AuthPolicy, "tokens", cfg.AuthTokens)
+	} else if cfg.AuthTokens != "" {
+		return errors.New("--auth-tokens needs --auth-policy: tokens name identities, the policy says what they may do")
+	} else {
+		log.Warn("NO AUTHORIZATION: every client may use every lock; set --auth-policy for a shared service")
+	}
 	gs, hs := server.NewGRPCServer(server.NewLockService(mgr, val, log), log, srvOpts...)
 
 	lis, err := net.Listen("tcp", cfg.Listen)
@@ -126,6 +151,9 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		return nil
 	})
+	if store != nil {
+		g.Go(func() error { reloadAuth(gctx, store, cfg.AuthReloadInterval, log); return nil })
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
@@ -150,6 +178,40 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// reloadAuth re-reads the policy and token files when they change (polled
+// every interval) and on SIGHUP, until ctx ends. A file that does not load
+// is logged and the previous version stays in force.
+func reloadAuth(ctx context.Context, store *authz.Store, interval time.Duration, log *slog.Logger) {
+	if interval <= 0 {
+		interval = 5 * time.Second
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		var (
+			changed bool
+			err     error
+		)
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			changed, err = store.Reload()
+		case <-t.C:
+			changed, err = store.ReloadIfChanged()
+		}
+		switch {
+		case err != nil:
+			log.Error("authorization files do not load; the previous policy stays in force", "err", err)
+		case changed:
+			log.Info("authorization files reloaded")
+		}
+	}
 }
 
 // loopback tells whether a listen address binds only the loopback interface.
