@@ -80,6 +80,7 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs.StringVar(&cfg.AuthPolicy, "auth-policy", env("AUTH_POLICY", ""), "JSON authorization policy file; set, every call but health and reflection needs an identity (client certificate or bearer token) allowed by it (env COORDINATORD_AUTH_POLICY)")
 	fs.StringVar(&cfg.AuthTokens, "auth-tokens", env("AUTH_TOKENS", ""), "bearer token file: lines \"identity sha256-hex-of-token\" (env COORDINATORD_AUTH_TOKENS)")
 	fs.DurationVar(&cfg.AuthReloadInterval, "auth-reload-interval", envDuration("AUTH_RELOAD_INTERVAL", 5*time.Second), "how often the policy and token files are checked for changes; SIGHUP reloads at once (env COORDINATORD_AUTH_RELOAD_INTERVAL)")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", env("METRICS_LISTEN", ""), "HTTP address of /metrics (Prometheus), /healthz and /readyz, e.g. 127.0.0.1:9090; empty: off (env COORDINATORD_METRICS_LISTEN)")
 	fs.StringVar(&level, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env COORDINATORD_LOG_LEVEL)")
 	fs.StringVar(&format, "log-format", env("LOG_FORMAT", "json"), "json or text (env COORDINATORD_LOG_FORMAT)")
 	if err := fs.Parse(args); err != nil {

@@ -8,22 +8,27 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/coordinatord/coordinatord/internal/authz"
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/logging"
+	"github.com/coordinatord/coordinatord/internal/opshttp"
 	"github.com/coordinatord/coordinatord/internal/server"
 	"github.com/coordinatord/coordinatord/internal/tlsconf"
 )
@@ -60,7 +65,17 @@ type Config struct {
 	// AuthReloadInterval) and on SIGHUP.
 	AuthPolicy, AuthTokens string
 	AuthReloadInterval     time.Duration
+
+	// MetricsListen, if set, is the HTTP address of /metrics, /healthz and
+	// /readyz, e.g. "127.0.0.1:9090".
+	MetricsListen string
+	// OnMetricsListen, if set, is called with the metrics listener's address.
+	OnMetricsListen func(net.Addr)
 }
+
+// readyService is the gRPC health service name that follows etcd's
+// reachability (the empty name "" stays SERVING until shutdown: liveness).
+const readyService = "coordinator.v1.LockService"
 
 // Run serves until ctx is cancelled, then stops: it marks itself not
 // serving, ends every waiting Acquire (removing its queue key), stops gRPC
@@ -92,7 +107,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer cli.Close()
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = cli.Get(pctx, "health-probe")
+	probeKey := lease.NewKeyspace(cfg.KeyPrefix).Prefix() + "readyz"
+	_, err = cli.Get(pctx, probeKey, clientv3.WithCountOnly())
 	cancel()
 	if err != nil {
 		return fmt.Errorf("etcd at %v is not reachable: %w; check --etcd-endpoints and that the cluster has quorum", endpoints, err)
@@ -104,7 +120,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	val := fence.New(cli, mgr.Keyspace())
-	var srvOpts []server.Option
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := server.NewMetrics(reg)
+	metrics.CountLocks(2*time.Second, mgr.Census)
+	srvOpts := []server.Option{metrics.Option()}
 	if cfg.TLSCert != "" || cfg.TLSKey != "" || cfg.TLSClientCA != "" {
 		ts, err := tlsconf.NewServer(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA)
 		if err != nil {
@@ -134,6 +154,20 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Warn("NO AUTHORIZATION: every client may use every lock; set --auth-policy for a shared service")
 	}
 	gs, hs := server.NewGRPCServer(server.NewLockService(mgr, val, log), log, srvOpts...)
+	metrics.Initialize(gs)
+	hs.SetServingStatus(readyService, healthpb.HealthCheckResponse_NOT_SERVING)
+	ready := opshttp.NewReadiness(2*time.Second, time.Second, func(ctx context.Context) error {
+		_, err := cli.Get(ctx, probeKey, clientv3.WithCountOnly()) // linearizable: needs quorum
+		return err
+	}, func(ok bool) {
+		st := healthpb.HealthCheckResponse_NOT_SERVING
+		if ok {
+			st = healthpb.HealthCheckResponse_SERVING
+		} else {
+			log.Warn("not ready: etcd does not answer, or shutting down")
+		}
+		hs.SetServingStatus(readyService, st)
+	})
 
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -144,7 +178,30 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.OnListen(lis.Addr())
 	}
 
+	var hsrv *http.Server
+	var mlis net.Listener
+	if cfg.MetricsListen != "" {
+		if mlis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			lis.Close()
+			return fmt.Errorf("listen on %q (--metrics-listen): %w", cfg.MetricsListen, err)
+		}
+		hsrv = &http.Server{Handler: opshttp.Handler(reg, ready), ReadHeaderTimeout: 10 * time.Second}
+		log.Info("metrics serving", "addr", mlis.Addr().String(), "paths", "/metrics /healthz /readyz")
+		if cfg.OnMetricsListen != nil {
+			cfg.OnMetricsListen(mlis.Addr())
+		}
+	}
+
 	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { ready.Run(gctx); return nil })
+	if hsrv != nil {
+		g.Go(func() error {
+			if err := hsrv.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("metrics serve: %w", err)
+			}
+			return nil
+		})
+	}
 	g.Go(func() error {
 		if err := gs.Serve(lis); err != nil {
 			return fmt.Errorf("grpc serve: %w", err)
@@ -157,6 +214,7 @@ func Run(ctx context.Context, cfg Config) error {
 	g.Go(func() error {
 		<-gctx.Done()
 		log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
+		ready.Stopping()
 		hs.Shutdown() // every service NOT_SERVING
 		mgr.Close()   // waiting Acquires end, their queue keys removed
 		stopped := make(chan struct{})
@@ -169,6 +227,11 @@ func Run(ctx context.Context, cfg Config) error {
 			log.Warn("graceful stop timed out; cutting remaining calls")
 			gs.Stop()
 			<-stopped
+		}
+		if hsrv != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_ = hsrv.Shutdown(sctx)
+			cancel()
 		}
 		return nil
 	})

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -19,7 +20,8 @@ import (
 
 // Server is a running embedded etcd member.
 type Server struct {
-	etcd *embed.Etcd
+	etcd  *embed.Etcd
+	close sync.Once
 }
 
 type options struct {
@@ -94,5 +96,5 @@ func (s *Server) Endpoints() []string {
 	return eps
 }
 
-// Close stops the member and waits for it.
-func (s *Server) Close() { s.etcd.Close() }
+// Close stops the member and waits for it. Closing twice is harmless.
+func (s *Server) Close() { s.close.Do(s.etcd.Close) }
