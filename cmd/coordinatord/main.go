@@ -62,13 +62,19 @@ func envDuration(name string, def time.Duration) time.Duration {
 func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs := flag.NewFlagSet("coordinatord", flag.ContinueOnError)
 	var (
-		cfg       daemon.Config
-		endpoints string
-		level     string
-		format    string
+		cfg          daemon.Config
+		endpoints    string
+		level        string
+		format       string
+		passwordFile string
 	)
 	fs.StringVar(&cfg.Listen, "listen", env("LISTEN", "127.0.0.1:7070"), "gRPC listen address (env COORDINATORD_LISTEN)")
 	fs.StringVar(&endpoints, "etcd-endpoints", env("ETCD_ENDPOINTS", ""), "comma-separated etcd client URLs; empty starts an embedded single-member etcd (env COORDINATORD_ETCD_ENDPOINTS)")
+	fs.StringVar(&cfg.EtcdCA, "etcd-ca", env("ETCD_CA", ""), "PEM CA bundle that signed etcd's server certificates (env COORDINATORD_ETCD_CA)")
+	fs.StringVar(&cfg.EtcdCert, "etcd-cert", env("ETCD_CERT", ""), "PEM client certificate for etcd's --client-cert-auth (env COORDINATORD_ETCD_CERT)")
+	fs.StringVar(&cfg.EtcdKey, "etcd-key", env("ETCD_KEY", ""), "PEM private key of -etcd-cert (env COORDINATORD_ETCD_KEY)")
+	fs.StringVar(&cfg.EtcdUsername, "etcd-username", env("ETCD_USERNAME", ""), "etcd user (etcd auth) (env COORDINATORD_ETCD_USERNAME)")
+	fs.StringVar(&passwordFile, "etcd-password-file", env("ETCD_PASSWORD_FILE", ""), "file holding the etcd user's password (env COORDINATORD_ETCD_PASSWORD_FILE)")
 	fs.StringVar(&cfg.KeyPrefix, "key-prefix", env("KEY_PREFIX", "/coordinatord/"), "etcd key prefix of every key written (env COORDINATORD_KEY_PREFIX)")
 	fs.StringVar(&cfg.DataDir, "data-dir", env("DATA_DIR", "coordinatord-data"), "data directory of the embedded etcd (env COORDINATORD_DATA_DIR)")
 	fs.DurationVar(&cfg.DefaultTTL, "default-ttl", envDuration("DEFAULT_TTL", 15*time.Second), "lease TTL when a request asks for none (env COORDINATORD_DEFAULT_TTL)")
@@ -93,6 +99,16 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		if e = strings.TrimSpace(e); e != "" {
 			cfg.EtcdEndpoints = append(cfg.EtcdEndpoints, e)
 		}
+	}
+	if (cfg.EtcdUsername == "") != (passwordFile == "") {
+		return cfg, nil, errors.New("-etcd-username and -etcd-password-file go together")
+	}
+	if passwordFile != "" {
+		b, err := os.ReadFile(passwordFile)
+		if err != nil {
+			return cfg, nil, fmt.Errorf("-etcd-password-file: %w", err)
+		}
+		cfg.EtcdPassword = strings.TrimRight(string(b), "\r\n")
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {

@@ -40,6 +40,12 @@ type Config struct {
 	// EtcdEndpoints are the etcd client URLs; empty starts an embedded
 	// single-member etcd in DataDir.
 	EtcdEndpoints []string
+	// EtcdCA, EtcdCert and EtcdKey (PEM files) secure the connection to
+	// etcd: the CA that signed etcd's server certificate, and the client
+	// certificate etcd requires with --client-cert-auth.
+	EtcdCA, EtcdCert, EtcdKey string
+	// EtcdUsername and EtcdPassword authenticate to etcd (etcd auth/RBAC).
+	EtcdUsername, EtcdPassword string
 	// KeyPrefix is the etcd key prefix of every key written.
 	KeyPrefix string
 	// DataDir holds the embedded etcd's data.
@@ -97,10 +103,17 @@ func Run(ctx context.Context, cfg Config) error {
 		defer e.Close()
 		endpoints = e.Endpoints()
 	}
+	etcdTLS, err := tlsconf.Client(cfg.EtcdCA, cfg.EtcdCert, cfg.EtcdKey)
+	if err != nil {
+		return fmt.Errorf("etcd client TLS: %w", err)
+	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
 		DialTimeout: 5 * time.Second,
 		Logger:      logging.Zap(log, zapcore.ErrorLevel),
+		TLS:         etcdTLS,
+		Username:    cfg.EtcdUsername,
+		Password:    cfg.EtcdPassword,
 	})
 	if err != nil {
 		return fmt.Errorf("etcd client for %v: %w", endpoints, err)

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap/zapcore"
 
@@ -20,14 +21,16 @@ import (
 
 // Server is a running embedded etcd member.
 type Server struct {
-	etcd  *embed.Etcd
-	close sync.Once
+	etcd   *embed.Etcd
+	scheme string
+	close  sync.Once
 }
 
 type options struct {
 	fast   bool
 	logger *slog.Logger
 	name   string
+	tls    *transport.TLSInfo
 }
 
 // Option configures Start.
@@ -40,6 +43,15 @@ func WithFastElection() Option { return func(o *options) { o.fast = true } }
 // WithLogger sends etcd's own log lines, at warning level and above, to l.
 // Without it they are discarded.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithClientTLS serves clients over TLS with certFile and keyFile, and
+// requires client certificates signed by the CA in caFile (etcd's
+// --client-cert-auth). Meant for tests of a secured etcd.
+func WithClientTLS(certFile, keyFile, caFile string) Option {
+	return func(o *options) {
+		o.tls = &transport.TLSInfo{CertFile: certFile, KeyFile: keyFile, TrustedCAFile: caFile, ClientCertAuth: true}
+	}
+}
 
 // Start runs a single-member etcd whose data lives in dataDir (created if
 // missing; reused if it holds a previous member's data). Client and peer
@@ -61,8 +73,13 @@ func Start(ctx context.Context, dataDir string, opts ...Option) (*Server, error)
 		cfg.ElectionMs = 100
 	}
 	local := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
-	cfg.ListenClientUrls = []url.URL{local}
-	cfg.AdvertiseClientUrls = []url.URL{local}
+	client := local
+	if o.tls != nil {
+		client.Scheme = "https"
+		cfg.ClientTLSInfo = *o.tls
+	}
+	cfg.ListenClientUrls = []url.URL{client}
+	cfg.AdvertiseClientUrls = []url.URL{client}
 	cfg.ListenPeerUrls = []url.URL{local}
 	cfg.AdvertisePeerUrls = []url.URL{local}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
@@ -84,14 +101,14 @@ func Start(ctx context.Context, dataDir string, opts ...Option) (*Server, error)
 		e.Close()
 		return nil, errors.New("embedded etcd: not ready after 60s; check the data directory and the log")
 	}
-	return &Server{etcd: e}, nil
+	return &Server{etcd: e, scheme: client.Scheme}, nil
 }
 
 // Endpoints are the client URLs to dial.
 func (s *Server) Endpoints() []string {
 	eps := make([]string, 0, len(s.etcd.Clients))
 	for _, l := range s.etcd.Clients {
-		eps = append(eps, "http://"+l.Addr().String())
+		eps = append(eps, s.scheme+"://"+l.Addr().String())
 	}
 	return eps
 }
