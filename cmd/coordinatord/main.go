@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -59,6 +60,51 @@ func envDuration(name string, def time.Duration) time.Duration {
 	return d
 }
 
+func envInt(name string, def int) int {
+	v := env(name, "")
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "coordinatord: COORDINATORD_%s=%q is not an integer; using %d\n", name, v, def)
+		return def
+	}
+	return n
+}
+
+func envFloat(name string, def float64) float64 {
+	v := env(name, "")
+	if v == "" {
+		return def
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "coordinatord: COORDINATORD_%s=%q is not a number; using %g\n", name, v, def)
+		return def
+	}
+	return f
+}
+
+// uint32Value is a flag.Value for a uint32.
+type uint32Value struct{ p *uint32 }
+
+func (v uint32Value) String() string {
+	if v.p == nil {
+		return "0"
+	}
+	return strconv.FormatUint(uint64(*v.p), 10)
+}
+
+func (v uint32Value) Set(s string) error {
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return errors.New("want a whole number from 0 to 4294967295")
+	}
+	*v.p = uint32(n)
+	return nil
+}
+
 func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs := flag.NewFlagSet("coordinatord", flag.ContinueOnError)
 	var (
@@ -68,6 +114,7 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		format       string
 		passwordFile string
 	)
+	cfg.MaxConcurrentStreams = uint32(envInt("MAX_CONCURRENT_STREAMS", 1000))
 	fs.StringVar(&cfg.Listen, "listen", env("LISTEN", "127.0.0.1:7070"), "gRPC listen address (env COORDINATORD_LISTEN)")
 	fs.StringVar(&endpoints, "etcd-endpoints", env("ETCD_ENDPOINTS", ""), "comma-separated etcd client URLs; empty starts an embedded single-member etcd (env COORDINATORD_ETCD_ENDPOINTS)")
 	fs.StringVar(&cfg.EtcdCA, "etcd-ca", env("ETCD_CA", ""), "PEM CA bundle that signed etcd's server certificates (env COORDINATORD_ETCD_CA)")
@@ -87,6 +134,13 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs.StringVar(&cfg.AuthTokens, "auth-tokens", env("AUTH_TOKENS", ""), "bearer token file: lines \"identity sha256-hex-of-token\" (env COORDINATORD_AUTH_TOKENS)")
 	fs.DurationVar(&cfg.AuthReloadInterval, "auth-reload-interval", envDuration("AUTH_RELOAD_INTERVAL", 5*time.Second), "how often the policy and token files are checked for changes; SIGHUP reloads at once (env COORDINATORD_AUTH_RELOAD_INTERVAL)")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", env("METRICS_LISTEN", ""), "HTTP address of /metrics (Prometheus), /healthz and /readyz, e.g. 127.0.0.1:9090; empty: off (env COORDINATORD_METRICS_LISTEN)")
+	fs.IntVar(&cfg.MaxRecvMsgSize, "max-recv-msg-size", envInt("MAX_RECV_MSG_SIZE", 256<<10), "largest request message in bytes; larger ones get RESOURCE_EXHAUSTED (env COORDINATORD_MAX_RECV_MSG_SIZE)")
+	fs.Var(uint32Value{&cfg.MaxConcurrentStreams}, "max-concurrent-streams", "concurrent calls per client connection (HTTP/2 streams); more wait for a free one; 0: no limit (env COORDINATORD_MAX_CONCURRENT_STREAMS)")
+	fs.DurationVar(&cfg.KeepaliveMinTime, "keepalive-min-time", envDuration("KEEPALIVE_MIN_TIME", 10*time.Second), "clients sending HTTP/2 pings more often than this get GOAWAY (too_many_pings) (env COORDINATORD_KEEPALIVE_MIN_TIME)")
+	fs.Float64Var(&cfg.RateLimit, "rate-limit", envFloat("RATE_LIMIT", 200), "requests per second per caller (authenticated identity, else client IP); beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_RATE_LIMIT)")
+	fs.IntVar(&cfg.RateBurst, "rate-burst", envInt("RATE_BURST", 400), "burst allowed above -rate-limit (env COORDINATORD_RATE_BURST)")
+	fs.Int64Var(&cfg.MaxWaitersPerLock, "max-waiters-per-lock", int64(envInt("MAX_WAITERS_PER_LOCK", 1000)), "waiters allowed in one lock's queue; beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_MAX_WAITERS_PER_LOCK)")
+	fs.DurationVar(&cfg.MaxWait, "max-wait", envDuration("MAX_WAIT", 15*time.Minute), "longest queue wait of an Acquire: an unset wait waits this long, a longer one is INVALID_ARGUMENT; 0: no limit (env COORDINATORD_MAX_WAIT)")
 	fs.StringVar(&level, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env COORDINATORD_LOG_LEVEL)")
 	fs.StringVar(&format, "log-format", env("LOG_FORMAT", "json"), "json or text (env COORDINATORD_LOG_FORMAT)")
 	if err := fs.Parse(args); err != nil {
@@ -134,6 +188,8 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		return cfg, nil, errors.New("-tls-client-ca needs -tls-cert and -tls-key")
 	case cfg.AuthTokens != "" && cfg.AuthPolicy == "":
 		return cfg, nil, errors.New("-auth-tokens needs -auth-policy")
+	case cfg.MaxRecvMsgSize < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 || cfg.MaxWaitersPerLock < 0 || cfg.MaxWait < 0 || cfg.KeepaliveMinTime < 0:
+		return cfg, nil, errors.New("-max-recv-msg-size, -rate-limit, -rate-burst, -max-waiters-per-lock, -max-wait and -keepalive-min-time must not be negative")
 	case cfg.AuthReloadInterval <= 0:
 		return cfg, nil, fmt.Errorf("-auth-reload-interval %v: must be positive", cfg.AuthReloadInterval)
 	case cfg.ShutdownTimeout <= 0:

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/coordinatord/coordinatord/internal/authz"
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
@@ -77,6 +78,15 @@ type Config struct {
 	MetricsListen string
 	// OnMetricsListen, if set, is called with the metrics listener's address.
 	OnMetricsListen func(net.Addr)
+
+	// Limits; 0 disables each.
+	MaxRecvMsgSize       int           // largest request message, bytes (gRPC's own default, 4 MiB, if 0)
+	MaxConcurrentStreams uint32        // concurrent calls per client connection
+	KeepaliveMinTime     time.Duration // clients pinging more often get GOAWAY (gRPC's default, 5m, if 0)
+	RateLimit            float64       // requests per second per caller (identity, else IP)
+	RateBurst            int           // burst of RateLimit
+	MaxWaitersPerLock    int64         // waiters per lock
+	MaxWait              time.Duration // queue wait of an Acquire
 }
 
 // readyService is the gRPC health service name that follows etcd's
@@ -165,6 +175,22 @@ func Run(ctx context.Context, cfg Config) error {
 		return errors.New("--auth-tokens needs --auth-policy: tokens name identities, the policy says what they may do")
 	} else {
 		log.Warn("NO AUTHORIZATION: every client may use every lock; set --auth-policy for a shared service")
+	}
+	if cfg.RateLimit > 0 {
+		u, st := server.RateLimit(cfg.RateLimit, max(cfg.RateBurst, 1))
+		srvOpts = append(srvOpts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{u}, []grpc.StreamServerInterceptor{st}))
+	}
+	limits := server.Limits{MaxWaiters: cfg.MaxWaitersPerLock, MaxWait: cfg.MaxWait, QueueLen: mgr.QueueLen}
+	srvOpts = append(srvOpts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{limits.Interceptor()}, nil))
+	if cfg.MaxRecvMsgSize > 0 {
+		srvOpts = append(srvOpts, server.WithServerOptions(grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize)))
+	}
+	if cfg.MaxConcurrentStreams > 0 {
+		srvOpts = append(srvOpts, server.WithServerOptions(grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams)))
+	}
+	if cfg.KeepaliveMinTime > 0 {
+		srvOpts = append(srvOpts, server.WithServerOptions(grpc.KeepaliveEnforcementPolicy(
+			keepalive.EnforcementPolicy{MinTime: cfg.KeepaliveMinTime, PermitWithoutStream: true})))
 	}
 	gs, hs := server.NewGRPCServer(server.NewLockService(mgr, val, log), log, srvOpts...)
 	metrics.Initialize(gs)

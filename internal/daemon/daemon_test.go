@@ -14,8 +14,10 @@ import (
 	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
@@ -287,6 +289,45 @@ func TestMetricsAfterAScriptedScenario(t *testing.T) {
 	}
 	if s := svc(""); s != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("liveness health with etcd gone: %v", s)
+	}
+	r.stop()
+}
+
+func TestLimitsAreWired(t *testing.T) {
+	r := run(t, daemon.Config{MaxRecvMsgSize: 1024, MaxWaitersPerLock: 1, MaxWait: time.Minute, RateLimit: 0.01, RateBurst: 100})
+	lc := coordinatorv1.NewLockServiceClient(r.conn(t))
+	if _, err := lc.Describe(ctxT(t), &coordinatorv1.DescribeRequest{Name: strings.Repeat("n", 2000)}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("2 KB message: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if _, err := lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "l"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() { _, err := lc.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "l"}); waited <- err }()
+	eventually(t, "one waiter", func() bool {
+		d, err := lc.Describe(ctxT(t), &coordinatorv1.DescribeRequest{Name: "l"})
+		return err == nil && len(d.Waiters) == 1
+	})
+	if _, err := lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "l"}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("second waiter with max 1: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if _, err := lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "l", Wait: durationpb.New(time.Hour)}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("wait above max: %v, want INVALID_ARGUMENT", err)
+	}
+	cancel()
+	<-waited
+	var err error
+	for range 200 { // burst 100: this caller runs out
+		if _, err = lc.ValidateToken(ctxT(t), &coordinatorv1.ValidateTokenRequest{Name: "l", Token: 1}); err != nil {
+			break
+		}
+	}
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("beyond the rate burst: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if _, err := healthpb.NewHealthClient(r.conn(t)).Check(ctxT(t), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatalf("health is not rate limited: %v", err)
 	}
 	r.stop()
 }
