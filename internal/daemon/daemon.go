@@ -78,6 +78,12 @@ type Config struct {
 	MetricsListen string
 	// OnMetricsListen, if set, is called with the metrics listener's address.
 	OnMetricsListen func(net.Addr)
+	// HealthListen, if set, is a second, plaintext gRPC address that serves
+	// only grpc.health.v1.Health (same statuses): for Kubernetes gRPC
+	// probes, which cannot speak TLS.
+	HealthListen string
+	// OnHealthListen, if set, is called with the health listener's address.
+	OnHealthListen func(net.Addr)
 
 	// Limits; 0 disables each.
 	MaxRecvMsgSize       int           // largest request message, bytes (gRPC's own default, 4 MiB, if 0)
@@ -231,7 +237,35 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 
+	var (
+		hgs  *grpc.Server
+		hlis net.Listener
+	)
+	if cfg.HealthListen != "" {
+		if hlis, err = net.Listen("tcp", cfg.HealthListen); err != nil {
+			lis.Close()
+			if mlis != nil {
+				mlis.Close()
+			}
+			return fmt.Errorf("listen on %q (--health-listen): %w", cfg.HealthListen, err)
+		}
+		hgs = grpc.NewServer()
+		healthpb.RegisterHealthServer(hgs, hs)
+		log.Info("plaintext gRPC health serving", "addr", hlis.Addr().String())
+		if cfg.OnHealthListen != nil {
+			cfg.OnHealthListen(hlis.Addr())
+		}
+	}
+
 	g, gctx := errgroup.WithContext(ctx)
+	if hgs != nil {
+		g.Go(func() error {
+			if err := hgs.Serve(hlis); err != nil {
+				return fmt.Errorf("health serve: %w", err)
+			}
+			return nil
+		})
+	}
 	g.Go(func() error { ready.Run(gctx); return nil })
 	if hsrv != nil {
 		g.Go(func() error {
@@ -266,6 +300,9 @@ func Run(ctx context.Context, cfg Config) error {
 			log.Warn("graceful stop timed out; cutting remaining calls")
 			gs.Stop()
 			<-stopped
+		}
+		if hgs != nil {
+			hgs.Stop()
 		}
 		if hsrv != nil {
 			sctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -35,19 +35,25 @@ func TestMain(m *testing.M) {
 
 // running is a daemon.Run in this process.
 type running struct {
-	addr, metrics string
-	done          chan error
-	cancel        context.CancelFunc
+	addr, metrics, health string
+	done                  chan error
+	cancel                context.CancelFunc
 }
 
 func run(t *testing.T, cfg daemon.Config) *running {
 	t.Helper()
 	r := &running{done: make(chan error, 1)}
-	addrs := make(chan string, 2)
+	addrs := make(chan string, 3)
 	cfg.Listen = "127.0.0.1:0"
 	cfg.OnListen = func(a net.Addr) { addrs <- "grpc " + a.String() }
+	want := 1
 	if cfg.MetricsListen != "" {
 		cfg.OnMetricsListen = func(a net.Addr) { addrs <- "http " + a.String() }
+		want++
+	}
+	if cfg.HealthListen != "" {
+		cfg.OnHealthListen = func(a net.Addr) { addrs <- "health " + a.String() }
+		want++
 	}
 	if cfg.DefaultTTL == 0 {
 		cfg.DefaultTTL, cfg.MaxTTL = 15*time.Second, 5*time.Minute
@@ -61,17 +67,17 @@ func run(t *testing.T, cfg daemon.Config) *running {
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() { r.done <- daemon.Run(ctx, cfg) }()
-	want := 1
-	if cfg.MetricsListen != "" {
-		want = 2
-	}
 	for range want {
 		select {
 		case a := <-addrs:
-			if s, ok := strings.CutPrefix(a, "grpc "); ok {
-				r.addr = s
-			} else {
-				r.metrics = strings.TrimPrefix(a, "http ")
+			kind, addr, _ := strings.Cut(a, " ")
+			switch kind {
+			case "grpc":
+				r.addr = addr
+			case "http":
+				r.metrics = addr
+			case "health":
+				r.health = addr
 			}
 		case err := <-r.done:
 			t.Fatalf("daemon.Run ended before serving: %v", err)
