@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/coordinatord/coordinatord/internal/authz"
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
@@ -79,8 +80,8 @@ type Config struct {
 	// OnMetricsListen, if set, is called with the metrics listener's address.
 	OnMetricsListen func(net.Addr)
 	// HealthListen, if set, is a second, plaintext gRPC address that serves
-	// only grpc.health.v1.Health (same statuses): for Kubernetes gRPC
-	// probes, which cannot speak TLS.
+	// only grpc.health.v1.Health (same statuses) and reflection: for
+	// Kubernetes gRPC probes, which cannot speak TLS.
 	HealthListen string
 	// OnHealthListen, if set, is called with the health listener's address.
 	OnHealthListen func(net.Addr)
@@ -251,6 +252,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		hgs = grpc.NewServer()
 		healthpb.RegisterHealthServer(hgs, hs)
+		reflection.Register(hgs) // so that grpcurl needs no .proto files here either
 		log.Info("plaintext gRPC health serving", "addr", hlis.Addr().String())
 		if cfg.OnHealthListen != nil {
 			cfg.OnHealthListen(hlis.Addr())

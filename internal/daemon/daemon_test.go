@@ -253,6 +253,7 @@ func TestMetricsAfterAScriptedScenario(t *testing.T) {
 		{"coordinatord_validations_total", "outcome=current", 1},
 		{"coordinatord_validations_total", "outcome=superseded", 1},
 		{"coordinatord_validations_total", "outcome=not_held", 1},
+		{"coordinatord_validations_total", "outcome=fenced", 0},
 		{"coordinatord_releases_total", "outcome=released", 1},
 		{"coordinatord_releases_total", "outcome=not_released", 1},
 		{"coordinatord_renewals_total", "outcome=renewed", 1},

@@ -60,6 +60,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg: reg,
 	}
 	reg.MustRegister(m.rpc, m.acquisitions, m.waitSeconds, m.validations, m.releases, m.renewals)
+	// The usual outcomes start at zero, so that rate() sees their first event.
+	for _, o := range []string{"granted", "not_granted"} {
+		m.acquisitions.WithLabelValues(o)
+		m.waitSeconds.WithLabelValues(o)
+	}
+	for _, o := range []string{"current", "superseded", "not_held", "fenced"} {
+		m.validations.WithLabelValues(o)
+	}
+	m.releases.WithLabelValues("released")
+	m.releases.WithLabelValues("not_released")
+	m.renewals.WithLabelValues("renewed")
+	m.renewals.WithLabelValues("not_found")
 	return m
 }
 
