@@ -126,6 +126,8 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs.StringVar(&cfg.DataDir, "data-dir", env("DATA_DIR", "coordinatord-data"), "data directory of the embedded etcd (env COORDINATORD_DATA_DIR)")
 	fs.DurationVar(&cfg.DefaultTTL, "default-ttl", envDuration("DEFAULT_TTL", 15*time.Second), "lease TTL when a request asks for none (env COORDINATORD_DEFAULT_TTL)")
 	fs.DurationVar(&cfg.MaxTTL, "max-ttl", envDuration("MAX_TTL", 5*time.Minute), "largest lease TTL a request may ask for (env COORDINATORD_MAX_TTL)")
+	fs.DurationVar(&cfg.MaxHold, "max-hold", envDuration("MAX_HOLD", time.Hour), "longest a grant may be renewed; requests may ask for less (env COORDINATORD_MAX_HOLD)")
+	fs.DurationVar(&cfg.MaxLockDelay, "max-lock-delay", envDuration("MAX_LOCK_DELAY", time.Minute), "largest lock-delay a request may ask for (env COORDINATORD_MAX_LOCK_DELAY)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", envDuration("SHUTDOWN_TIMEOUT", 10*time.Second), "bound on the graceful stop (env COORDINATORD_SHUTDOWN_TIMEOUT)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", env("TLS_CERT", ""), "PEM server certificate file; with -tls-key, gRPC is served over TLS 1.2+ (env COORDINATORD_TLS_CERT)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", env("TLS_KEY", ""), "PEM private key file of -tls-cert (env COORDINATORD_TLS_KEY)")
@@ -193,6 +195,10 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		return cfg, nil, errors.New("-max-recv-msg-size, -rate-limit, -rate-burst, -max-waiters-per-lock, -max-wait and -keepalive-min-time must not be negative")
 	case cfg.AuthReloadInterval <= 0:
 		return cfg, nil, fmt.Errorf("-auth-reload-interval %v: must be positive", cfg.AuthReloadInterval)
+	case cfg.MaxHold <= 0:
+		return cfg, nil, fmt.Errorf("-max-hold %v: must be positive", cfg.MaxHold)
+	case cfg.MaxLockDelay < 0:
+		return cfg, nil, fmt.Errorf("-max-lock-delay %v: must not be negative", cfg.MaxLockDelay)
 	case cfg.ShutdownTimeout <= 0:
 		return cfg, nil, fmt.Errorf("-shutdown-timeout %v: must be positive", cfg.ShutdownTimeout)
 	}

@@ -38,8 +38,12 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 			Domain:   "coordinatord",
 			Metadata: map[string]string{"holder_token": strconv.FormatInt(ng.HolderToken, 10)},
 		})
-	case errors.Is(err, lease.ErrNotHeld):
+	case errors.Is(err, lease.ErrNotHeld), errors.Is(err, lease.ErrLostWhileWaiting), errors.Is(err, lease.ErrSessionNotFound):
 		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, lease.ErrMaxHold), errors.Is(err, lease.ErrSessionBusy):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, lease.ErrCompacted):
+		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, lease.ErrShuttingDown), errors.Is(err, lease.ErrUnavailable):
 		return status.Error(codes.Unavailable, err.Error()+"; safe to retry")
 	case errors.Is(err, context.DeadlineExceeded):
