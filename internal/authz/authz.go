@@ -85,6 +85,12 @@ func (p *Policy) IsAdmin(id string) bool {
 	return false
 }
 
+// Known tells whether id is an admin or has an entry in the policy.
+func (p *Policy) Known(id string) bool {
+	_, ok := p.Identities[id]
+	return ok || p.IsAdmin(id)
+}
+
 func hasPrefix(prefixes []string, s string) bool {
 	for _, pre := range prefixes {
 		if strings.HasPrefix(s, pre) {

@@ -11,13 +11,24 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/authz"
 )
 
 // AdminOnly are the methods only admins may call, whatever their request
 // names.
 var AdminOnly = map[string]bool{
-	"/coordinator.v1.LockService/ForceRelease": true,
+	coordinatorv1.LockService_ForceRelease_FullMethodName: true,
+}
+
+// AnyKnownIdentity are the methods every identity named in the policy may
+// call: sessions belong to no lock name (each Acquire through a session is
+// checked by its name, and only the session's secret handle renews or
+// closes it).
+var AnyKnownIdentity = map[string]bool{
+	coordinatorv1.LockService_OpenSession_FullMethodName:      true,
+	coordinatorv1.LockService_KeepAliveSession_FullMethodName: true,
+	coordinatorv1.LockService_CloseSession_FullMethodName:     true,
 }
 
 // exempt methods need no identity: probes (health) and tools (reflection)
@@ -44,8 +55,9 @@ type (
 // Authorization, per request message (each message of a stream): a GetName()
 // must be a lock name the identity may use, a GetPrefix() a prefix it may
 // List (refused, not filtered), a non-empty GetResource() a resource it may
-// use; a message with none of these, and the AdminOnly methods, need an
-// admin. Otherwise PERMISSION_DENIED, before the handler runs: nothing about
+// use; the AnyKnownIdentity methods (sessions) need an identity the policy
+// names; a message with none of these, and the AdminOnly methods, need an
+// admin. Hold streams are checked by the name of their first message. Otherwise PERMISSION_DENIED, before the handler runs: nothing about
 // the lock is read or revealed.
 func AuthInterceptors(store *authz.Store) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
 	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
@@ -130,6 +142,25 @@ func authorize(p *authz.Policy, id, method string, req any) error {
 			return nil
 		}
 		return denied(id, "may not call "+method+" (admins only)")
+	}
+	if AnyKnownIdentity[method] {
+		if p.Known(id) {
+			return nil
+		}
+		return denied(id, "is not in the authorization policy")
+	}
+	// A Hold stream names its lock in its first message (acquire or
+	// resume); the handler refuses any other first message, so heartbeats
+	// and releases ride on that check.
+	if h, ok := req.(*coordinatorv1.HoldRequest); ok {
+		switch {
+		case h.GetAcquire() != nil:
+			req = h.GetAcquire().GetRequest()
+		case h.GetResume() != nil:
+			req = h.GetResume()
+		default:
+			return nil
+		}
 	}
 	checked := false
 	if r, ok := req.(named); ok {

@@ -350,3 +350,85 @@ func TestAdminOnlyMethodsAndStreams(t *testing.T) {
 		t.Errorf("admin-only stream by a non-admin = %v", err)
 	}
 }
+
+func TestAuthorizationOfStreamsSessionsAndForceRelease(t *testing.T) {
+	store, _ := authStore(t, testPolicy, "ops", "b.example", "stranger")
+	e := newEnvWith(t, []server.Option{authOption(store)})
+	as := func(id string) coordinatorv1.LockServiceClient {
+		return e.dialWith(plaintext(), grpc.WithPerRPCCredentials(bearer("tok-"+id)))
+	}
+	b, ops, stranger := as("b.example"), as("ops"), as("stranger")
+	ctx := func() context.Context { return ctxT(t, 10*time.Second) }
+
+	hold := func(lc coordinatorv1.LockServiceClient, first *coordinatorv1.HoldRequest) (*coordinatorv1.HoldResponse, error) {
+		st, err := lc.Hold(ctx())
+		if err != nil {
+			return nil, err
+		}
+		if err := st.Send(first); err != nil {
+			return nil, err
+		}
+		return st.Recv()
+	}
+	acq := func(name string) *coordinatorv1.HoldRequest {
+		return &coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Acquire{Acquire: &coordinatorv1.HoldAcquire{
+			Request: &coordinatorv1.AcquireRequest{Name: name, Ttl: dur(time.Minute)}}}}
+	}
+	if _, err := hold(b, acq("a/held")); code(err) != codes.PermissionDenied {
+		t.Fatalf("Hold acquire outside the prefixes: %v, want PERMISSION_DENIED", err)
+	}
+	r, err := hold(b, acq("b/held"))
+	if err != nil || r.GetGranted() == nil {
+		t.Fatalf("Hold acquire inside the prefixes: %v, %v", r, err)
+	}
+	g := r.GetGranted()
+	resume := func(name string) *coordinatorv1.HoldRequest {
+		return &coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Resume{Resume: &coordinatorv1.HoldResume{Name: name, Token: g.Token, Handle: g.Handle}}}
+	}
+	if _, err := hold(b, resume("a/held")); code(err) != codes.PermissionDenied {
+		t.Fatalf("Hold resume outside the prefixes: %v, want PERMISSION_DENIED", err)
+	}
+	if _, err := hold(stranger, resume("b/held")); code(err) != codes.PermissionDenied {
+		t.Fatalf("Hold resume by an identity without a policy: %v, want PERMISSION_DENIED", err)
+	}
+
+	watch := func(lc coordinatorv1.LockServiceClient, name string) error {
+		st, err := lc.Watch(ctx(), &coordinatorv1.WatchRequest{Name: name})
+		if err != nil {
+			return err
+		}
+		_, err = st.Recv()
+		return err
+	}
+	if err := watch(b, "a/held"); code(err) != codes.PermissionDenied {
+		t.Fatalf("Watch outside the prefixes: %v, want PERMISSION_DENIED", err)
+	}
+	if err := watch(b, "b/held"); err != nil {
+		t.Fatalf("Watch inside the prefixes: %v", err)
+	}
+
+	if _, err := b.ForceRelease(ctx(), &coordinatorv1.ForceReleaseRequest{Name: "b/held", Token: g.Token}); code(err) != codes.PermissionDenied {
+		t.Fatalf("ForceRelease by a non-admin, own prefix: %v, want PERMISSION_DENIED", err)
+	}
+
+	for _, tc := range []struct {
+		lc   coordinatorv1.LockServiceClient
+		who  string
+		want codes.Code
+	}{{b, "b", codes.OK}, {ops, "ops", codes.OK}, {stranger, "stranger", codes.PermissionDenied}} {
+		s, err := tc.lc.OpenSession(ctx(), &coordinatorv1.OpenSessionRequest{Ttl: dur(10 * time.Second)})
+		if code(err) != tc.want {
+			t.Fatalf("OpenSession by %s: %v, want %v", tc.who, err, tc.want)
+		}
+		if err == nil {
+			if _, err := tc.lc.CloseSession(ctx(), &coordinatorv1.CloseSessionRequest{Handle: s.Handle}); err != nil {
+				t.Fatalf("CloseSession by %s: %v", tc.who, err)
+			}
+		}
+	}
+
+	fr, err := ops.ForceRelease(ctx(), &coordinatorv1.ForceReleaseRequest{Name: "b/held", Token: g.Token})
+	if err != nil || !fr.Released {
+		t.Fatalf("ForceRelease by an admin: %v, %v", fr, err)
+	}
+}

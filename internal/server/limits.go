@@ -38,31 +38,62 @@ type Limits struct {
 // Interceptor enforces the limits on Acquire.
 func (l Limits) Interceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		r, ok := req.(*coordinatorv1.AcquireRequest)
-		if !ok || info.FullMethod != coordinatorv1.LockService_Acquire_FullMethodName {
-			return h(ctx, req)
-		}
-		if l.MaxWait > 0 {
-			switch w := r.GetWait(); {
-			case w == nil:
-				r.Wait = durationpb.New(l.MaxWait)
-			case w.CheckValid() == nil && w.AsDuration() > l.MaxWait:
-				st := status.New(codes.InvalidArgument, fmt.Sprintf("wait: is %v; the server allows at most %v (--max-wait)", w.AsDuration(), l.MaxWait))
-				return nil, withDetails(st, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
-					{Field: "wait", Description: fmt.Sprintf("at most %v (--max-wait)", l.MaxWait)},
-				}})
-			}
-		}
-		tryLock := r.GetWait() != nil && r.GetWait().AsDuration() == 0
-		if l.MaxWaiters > 0 && l.QueueLen != nil && !tryLock {
-			// On error (bad name, etcd down) the handler answers properly.
-			if n, err := l.QueueLen(ctx, r.GetName()); err == nil && n-1 >= l.MaxWaiters {
-				return nil, status.Errorf(codes.ResourceExhausted,
-					"lock %q already has %d waiters, the most allowed (--max-waiters-per-lock); retry later", r.GetName(), n-1)
+		if r, ok := req.(*coordinatorv1.AcquireRequest); ok && info.FullMethod == coordinatorv1.LockService_Acquire_FullMethodName {
+			if err := l.check(ctx, r); err != nil {
+				return nil, err
 			}
 		}
 		return h(ctx, req)
 	}
+}
+
+// StreamInterceptor enforces the limits on the acquire message of Hold
+// streams.
+func (l Limits) StreamInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if info.FullMethod != coordinatorv1.LockService_Hold_FullMethodName {
+			return h(srv, ss)
+		}
+		return h(srv, &limitStream{ServerStream: ss, l: l})
+	}
+}
+
+type limitStream struct {
+	grpc.ServerStream
+	l Limits
+}
+
+func (s *limitStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if r, ok := m.(*coordinatorv1.HoldRequest); ok && r.GetAcquire().GetRequest() != nil {
+		return s.l.check(s.Context(), r.GetAcquire().GetRequest())
+	}
+	return nil
+}
+
+func (l Limits) check(ctx context.Context, r *coordinatorv1.AcquireRequest) error {
+	if l.MaxWait > 0 {
+		switch w := r.GetWait(); {
+		case w == nil:
+			r.Wait = durationpb.New(l.MaxWait)
+		case w.CheckValid() == nil && w.AsDuration() > l.MaxWait:
+			st := status.New(codes.InvalidArgument, fmt.Sprintf("wait: is %v; the server allows at most %v (--max-wait)", w.AsDuration(), l.MaxWait))
+			return withDetails(st, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+				{Field: "wait", Description: fmt.Sprintf("at most %v (--max-wait)", l.MaxWait)},
+			}})
+		}
+	}
+	tryLock := r.GetWait() != nil && r.GetWait().AsDuration() == 0
+	if l.MaxWaiters > 0 && l.QueueLen != nil && !tryLock {
+		// On error (bad name, etcd down) the handler answers properly.
+		if n, err := l.QueueLen(ctx, r.GetName()); err == nil && n-1 >= l.MaxWaiters {
+			return status.Errorf(codes.ResourceExhausted,
+				"lock %q already has %d waiters, the most allowed (--max-waiters-per-lock); retry later", r.GetName(), n-1)
+		}
+	}
+	return nil
 }
 
 // RateLimit returns interceptors that allow each caller rps requests per

@@ -187,3 +187,26 @@ func TestMaxWaitersAndMaxWait(t *testing.T) {
 		t.Fatalf("%d queue keys after the waits, want 1 (the holder)", n)
 	}
 }
+
+func TestMaxWaitersOnHoldStreams(t *testing.T) {
+	var e *env
+	limits := server.Limits{MaxWaiters: 1, QueueLen: func(ctx context.Context, name string) (int64, error) { return e.mgr.QueueLen(ctx, name) }}
+	e = newEnvWith(t, []server.Option{server.WithInnerInterceptors(
+		[]grpc.UnaryServerInterceptor{limits.Interceptor()}, []grpc.StreamServerInterceptor{limits.StreamInterceptor()})})
+	e.acquire("h", time.Minute)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _, _ = e.lc.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "h"}) }()
+	eventually(t, 10*time.Second, "one waiter", func() bool { return len(e.describe("h").Waiters) == 1 })
+	st, err := e.lc.Hold(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Acquire{Acquire: &coordinatorv1.HoldAcquire{
+		Request: &coordinatorv1.AcquireRequest{Name: "h"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); code(err) != codes.ResourceExhausted {
+		t.Fatalf("Hold as a second waiter with max 1: %v, want RESOURCE_EXHAUSTED", err)
+	}
+}
