@@ -37,7 +37,8 @@ type options struct {
 type Option func(*options)
 
 // WithFastElection sets TickMs=10 and ElectionMs=100 so that a member starts
-// in ~50 ms; meant for tests. etcd's minimum lease TTL becomes 1s.
+// in ~50 ms, and the cheapest bcrypt cost for etcd auth passwords; meant for
+// tests. etcd's minimum lease TTL becomes 1s.
 func WithFastElection() Option { return func(o *options) { o.fast = true } }
 
 // WithLogger sends etcd's own log lines, at warning level and above, to l.
@@ -71,6 +72,7 @@ func Start(ctx context.Context, dataDir string, opts ...Option) (*Server, error)
 	if o.fast {
 		cfg.TickMs = 10
 		cfg.ElectionMs = 100
+		cfg.BcryptCost = 4 // bcrypt's minimum: etcd auth in tests, fast even under -race
 	}
 	local := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
 	client := local
