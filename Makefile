@@ -17,10 +17,12 @@ run: build
 
 ## test: vet, every test against real etcd (embedded) and real gRPC, then all again under the race detector
 ## (liveness bounds such as "try-lock answers promptly" are asserted only in the first, race-free pass)
+## (deploy/ is its own module: its test builds the kustomizations and decodes every manifest with the Kubernetes API types)
 test:
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 10m ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
+	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m ./...
 
 ## test-short: the fast tests only, without the race detector
 test-short:
@@ -61,7 +63,8 @@ lint: $(BIN)/buf
 verify: generate lint
 	$(GO) mod tidy
 	cd tools && $(GO) mod tidy
-	@git diff --exit-code -- api go.mod go.sum tools/go.mod tools/go.sum || { echo "generated code or go.mod is stale: run 'make generate' and 'go mod tidy', then commit"; exit 1; }
+	cd deploy && $(GO) mod tidy
+	@git diff --exit-code -- api go.mod go.sum tools/go.mod tools/go.sum deploy/go.mod deploy/go.sum || { echo "generated code or go.mod is stale: run 'make generate' and 'go mod tidy', then commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- api)" || { echo "untracked generated files:"; git status --porcelain -- api; exit 1; }
 
 ## grpcurl: install grpcurl v1.9.4 into bin/ (for the README walkthrough)

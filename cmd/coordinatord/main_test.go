@@ -261,6 +261,15 @@ func TestBadFlagsExitWithUsageError(t *testing.T) {
 		{"--max-ttl", "0s"},
 		{"--log-format", "xml"},
 		{"extra-arg"},
+		{"--tls-cert", "server.crt"},
+		{"--tls-client-ca", "ca.crt"},
+		{"--auth-tokens", "tokens"},
+		{"--auth-reload-interval", "0s"},
+		{"--etcd-username", "coord"},
+		{"--etcd-username", "coord", "--etcd-password-file", "/nonexistent/password"},
+		{"--max-concurrent-streams", "-1"},
+		{"--rate-limit", "-1"},
+		{"--max-wait", "-1s"},
 	} {
 		out, err := exec.Command(binary, args...).CombinedOutput()
 		var ee *exec.ExitError

@@ -20,28 +20,35 @@ import (
 
 // NewGRPCServer returns a gRPC server with the LockService, the standard
 // health service (returned so the caller can flip it) and reflection
-// registered. Interceptors run logging, then recovery (last, closest to the
-// handler).
-func NewGRPCServer(svc *LockService, log *slog.Logger, opts ...grpc.ServerOption) (*grpc.Server, *health.Server) {
+// registered. Interceptors run in the order of docs/CONTRIBUTING.md: the
+// outer ones (metrics), logging, the inner ones (auth, limits), then panic
+// recovery (last, closest to the handler).
+func NewGRPCServer(svc *LockService, log *slog.Logger, opts ...Option) (*grpc.Server, *health.Server) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	var o serverOptions
+	for _, opt := range opts {
+		opt(&o)
 	}
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(callLevel)}
 	recOpts := []recovery.Option{recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "handler panic", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error; the coordinator logged the cause")
 	})}
+	unary := append(append(append(o.outerUnary,
+		logging.UnaryServerInterceptor(interceptorLogger(log), logOpts...)),
+		o.innerUnary...),
+		recovery.UnaryServerInterceptor(recOpts...))
+	stream := append(append(append(o.outerStream,
+		logging.StreamServerInterceptor(interceptorLogger(log), logOpts...)),
+		o.innerStream...),
+		recovery.StreamServerInterceptor(recOpts...))
 	all := append([]grpc.ServerOption{
 		grpc.ForceServerCodecV2(newCodec()),
-		grpc.ChainUnaryInterceptor(
-			logging.UnaryServerInterceptor(interceptorLogger(log), logOpts...),
-			recovery.UnaryServerInterceptor(recOpts...),
-		),
-		grpc.ChainStreamInterceptor(
-			logging.StreamServerInterceptor(interceptorLogger(log), logOpts...),
-			recovery.StreamServerInterceptor(recOpts...),
-		),
-	}, opts...)
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
+	}, o.grpc...)
 	gs := grpc.NewServer(all...)
 	coordinatorv1.RegisterLockServiceServer(gs, svc)
 	coordinatorv1.RegisterFenceServiceServer(gs, svc.FenceService())

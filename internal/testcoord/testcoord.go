@@ -61,7 +61,7 @@ func (c *Coordinator) start(opts []grpc.ServerOption) error {
 	if err != nil {
 		return err
 	}
-	c.gs, _ = server.NewGRPCServer(server.NewLockService(c.mgr, fence.New(c.Etcd, c.mgr.Keyspace()), nil), nil, opts...)
+	c.gs, _ = server.NewGRPCServer(server.NewLockService(c.mgr, fence.New(c.Etcd, c.mgr.Keyspace()), nil), nil, server.WithServerOptions(opts...))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err

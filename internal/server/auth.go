@@ -1,0 +1,188 @@
+package server
+
+import (
+	"context"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/authz"
+)
+
+// AdminOnly are the methods only admins may call, whatever their request
+// names.
+var AdminOnly = map[string]bool{
+	coordinatorv1.LockService_ForceRelease_FullMethodName: true,
+}
+
+// AnyKnownIdentity are the methods every identity named in the policy may
+// call: sessions belong to no lock name (each Acquire through a session is
+// checked by its name, and only the session's secret handle renews or
+// closes it).
+var AnyKnownIdentity = map[string]bool{
+	coordinatorv1.LockService_OpenSession_FullMethodName:      true,
+	coordinatorv1.LockService_KeepAliveSession_FullMethodName: true,
+	coordinatorv1.LockService_CloseSession_FullMethodName:     true,
+}
+
+// exempt methods need no identity: probes (health) and tools (reflection)
+// must reach them.
+func exempt(fullMethod string) bool {
+	return strings.HasPrefix(fullMethod, "/grpc.health.v1.Health/") ||
+		strings.HasPrefix(fullMethod, "/grpc.reflection.")
+}
+
+type (
+	named    interface{ GetName() string }
+	prefixed interface{ GetPrefix() string }
+	resource interface{ GetResource() string }
+)
+
+// AuthInterceptors authenticate every call (except health and reflection)
+// and authorize every request message against the store's current policy.
+//
+// Identity: the verified client certificate (authz.IdentityFromCert: URI
+// SAN, then DNS SAN, then CN) if the connection has one; otherwise the
+// bearer token of the "authorization: Bearer <token>" metadata, looked up in
+// the token file. Never a request field. No identity: UNAUTHENTICATED.
+//
+// Authorization, per request message (each message of a stream): a GetName()
+// must be a lock name the identity may use, a GetPrefix() a prefix it may
+// List (refused, not filtered), a non-empty GetResource() a resource it may
+// use; the AnyKnownIdentity methods (sessions) need an identity the policy
+// names; a message with none of these, and the AdminOnly methods, need an
+// admin. Hold streams are checked by the name of their first message. Otherwise PERMISSION_DENIED, before the handler runs: nothing about
+// the lock is read or revealed.
+func AuthInterceptors(store *authz.Store) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if exempt(info.FullMethod) {
+			return h(ctx, req)
+		}
+		id, err := identify(ctx, store)
+		if err != nil {
+			return nil, err
+		}
+		if err := authorize(store.Policy(), id, info.FullMethod, req); err != nil {
+			return nil, err
+		}
+		return h(authz.NewContext(ctx, id), req)
+	}
+	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if exempt(info.FullMethod) {
+			return h(srv, ss)
+		}
+		id, err := identify(ss.Context(), store)
+		if err != nil {
+			return err
+		}
+		if AdminOnly[info.FullMethod] && !store.Policy().IsAdmin(id) {
+			return denied(id, "may not call "+info.FullMethod+" (admins only)")
+		}
+		return h(srv, &authStream{ServerStream: ss, ctx: authz.NewContext(ss.Context(), id), id: id, method: info.FullMethod, store: store})
+	}
+	return unary, stream
+}
+
+// authStream checks every message the client sends.
+type authStream struct {
+	grpc.ServerStream
+	ctx    context.Context
+	id     string
+	method string
+	store  *authz.Store
+}
+
+func (s *authStream) Context() context.Context { return s.ctx }
+
+func (s *authStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return authorize(s.store.Policy(), s.id, s.method, m)
+}
+
+func identify(ctx context.Context, store *authz.Store) (string, error) {
+	if p, ok := peer.FromContext(ctx); ok {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
+			if id := authz.IdentityFromCert(ti.State.VerifiedChains[0][0]); id != "" {
+				return id, nil
+			}
+			return "", status.Error(codes.Unauthenticated, "the client certificate names no identity (no URI SAN, DNS SAN or CN)")
+		}
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	vals := md.Get("authorization")
+	if len(vals) == 0 {
+		return "", status.Error(codes.Unauthenticated, "no client certificate and no bearer token: present a client certificate or the metadata \"authorization: Bearer <token>\"")
+	}
+	tok, ok := strings.CutPrefix(vals[0], "Bearer ")
+	if !ok || len(vals) > 1 {
+		return "", status.Error(codes.Unauthenticated, "malformed authorization metadata: want exactly one \"Bearer <token>\"")
+	}
+	id, ok := store.Tokens().Lookup(tok)
+	if !ok {
+		return "", status.Error(codes.Unauthenticated, "unknown bearer token")
+	}
+	return id, nil
+}
+
+func denied(id, what string) error {
+	return status.Errorf(codes.PermissionDenied, "identity %q %s; ask an admin to extend the policy", id, what)
+}
+
+func authorize(p *authz.Policy, id, method string, req any) error {
+	if AdminOnly[method] {
+		if p.IsAdmin(id) {
+			return nil
+		}
+		return denied(id, "may not call "+method+" (admins only)")
+	}
+	if AnyKnownIdentity[method] {
+		if p.Known(id) {
+			return nil
+		}
+		return denied(id, "is not in the authorization policy")
+	}
+	// A Hold stream names its lock in its first message (acquire or
+	// resume); the handler refuses any other first message, so heartbeats
+	// and releases ride on that check.
+	if h, ok := req.(*coordinatorv1.HoldRequest); ok {
+		switch {
+		case h.GetAcquire() != nil:
+			req = h.GetAcquire().GetRequest()
+		case h.GetResume() != nil:
+			req = h.GetResume()
+		default:
+			return nil
+		}
+	}
+	checked := false
+	if r, ok := req.(named); ok {
+		checked = true
+		if !p.MayLock(id, r.GetName()) {
+			return denied(id, "may not use this lock name")
+		}
+	}
+	if r, ok := req.(prefixed); ok {
+		checked = true
+		if !p.MayList(id, r.GetPrefix()) {
+			return denied(id, "may not list this prefix: list a prefix inside your own")
+		}
+	}
+	if r, ok := req.(resource); ok && r.GetResource() != "" {
+		checked = true
+		if !p.MayResource(id, r.GetResource()) {
+			return denied(id, "may not use this resource")
+		}
+	}
+	if !checked && !p.IsAdmin(id) {
+		return denied(id, "may not call "+method+" (names no lock: admins only)")
+	}
+	return nil
+}

@@ -1,0 +1,175 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/authz"
+)
+
+// Limits protect the service from one lock's crowd.
+type Limits struct {
+	// MaxWaiters is the most contenders that may wait for one lock (the
+	// holder not counted); 0: no limit. Acquire beyond it (unless it is a
+	// try-lock) answers RESOURCE_EXHAUSTED. It is a soft limit: the queue is
+	// counted just before joining, so concurrent joiners may overshoot it
+	// by a few.
+	MaxWaiters int64
+	// MaxWait bounds the queue wait of Acquire; 0: no bound. An Acquire
+	// without a wait waits at most this long (then ABORTED); one asking for
+	// more is INVALID_ARGUMENT (field "wait"), like a TTL above the max TTL.
+	MaxWait time.Duration
+	// QueueLen counts a lock's contenders, holder included.
+	QueueLen func(ctx context.Context, name string) (int64, error)
+}
+
+// Interceptor enforces the limits on Acquire.
+func (l Limits) Interceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if r, ok := req.(*coordinatorv1.AcquireRequest); ok && info.FullMethod == coordinatorv1.LockService_Acquire_FullMethodName {
+			if err := l.check(ctx, r); err != nil {
+				return nil, err
+			}
+		}
+		return h(ctx, req)
+	}
+}
+
+// StreamInterceptor enforces the limits on the acquire message of Hold
+// streams.
+func (l Limits) StreamInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if info.FullMethod != coordinatorv1.LockService_Hold_FullMethodName {
+			return h(srv, ss)
+		}
+		return h(srv, &limitStream{ServerStream: ss, l: l})
+	}
+}
+
+type limitStream struct {
+	grpc.ServerStream
+	l Limits
+}
+
+func (s *limitStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if r, ok := m.(*coordinatorv1.HoldRequest); ok && r.GetAcquire().GetRequest() != nil {
+		return s.l.check(s.Context(), r.GetAcquire().GetRequest())
+	}
+	return nil
+}
+
+func (l Limits) check(ctx context.Context, r *coordinatorv1.AcquireRequest) error {
+	if l.MaxWait > 0 {
+		switch w := r.GetWait(); {
+		case w == nil:
+			r.Wait = durationpb.New(l.MaxWait)
+		case w.CheckValid() == nil && w.AsDuration() > l.MaxWait:
+			st := status.New(codes.InvalidArgument, fmt.Sprintf("wait: is %v; the server allows at most %v (--max-wait)", w.AsDuration(), l.MaxWait))
+			return withDetails(st, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
+				{Field: "wait", Description: fmt.Sprintf("at most %v (--max-wait)", l.MaxWait)},
+			}})
+		}
+	}
+	tryLock := r.GetWait() != nil && r.GetWait().AsDuration() == 0
+	if l.MaxWaiters > 0 && l.QueueLen != nil && !tryLock {
+		// On error (bad name, etcd down) the handler answers properly.
+		if n, err := l.QueueLen(ctx, r.GetName()); err == nil && n-1 >= l.MaxWaiters {
+			return status.Errorf(codes.ResourceExhausted,
+				"lock %q already has %d waiters, the most allowed (--max-waiters-per-lock); retry later", r.GetName(), n-1)
+		}
+	}
+	return nil
+}
+
+// RateLimit returns interceptors that allow each caller rps requests per
+// second with bursts of burst, and answer RESOURCE_EXHAUSTED beyond. The
+// caller is the authenticated identity, or, without authorization, the
+// client's IP address. Health and reflection are not limited.
+func RateLimit(rps float64, burst int) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	rl := &rateLimiter{rps: rate.Limit(rps), burst: burst, m: map[string]*callerLimit{}}
+	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if !exempt(info.FullMethod) {
+			if err := rl.allow(ctx); err != nil {
+				return nil, err
+			}
+		}
+		return h(ctx, req)
+	}
+	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if !exempt(info.FullMethod) {
+			if err := rl.allow(ss.Context()); err != nil {
+				return err
+			}
+		}
+		return h(srv, ss)
+	}
+	return unary, stream
+}
+
+// maxCallers bounds the limiter table; idle callers are dropped beyond it.
+const maxCallers = 10000
+
+type rateLimiter struct {
+	rps   rate.Limit
+	burst int
+	mu    sync.Mutex
+	m     map[string]*callerLimit
+}
+
+type callerLimit struct {
+	lim  *rate.Limiter
+	seen time.Time
+}
+
+func caller(ctx context.Context) string {
+	if id, ok := authz.FromContext(ctx); ok {
+		return "id:" + id
+	}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
+			return "ip:" + host
+		}
+		return "addr:" + p.Addr.String()
+	}
+	return "unknown"
+}
+
+func (r *rateLimiter) allow(ctx context.Context) error {
+	key := caller(ctx)
+	now := time.Now()
+	r.mu.Lock()
+	c, ok := r.m[key]
+	if !ok {
+		if len(r.m) >= maxCallers {
+			for k, v := range r.m {
+				if now.Sub(v.seen) > time.Minute {
+					delete(r.m, k)
+				}
+			}
+		}
+		c = &callerLimit{lim: rate.NewLimiter(r.rps, r.burst)}
+		r.m[key] = c
+	}
+	c.seen = now
+	ok = c.lim.AllowN(now, 1)
+	r.mu.Unlock()
+	if !ok {
+		return status.Errorf(codes.ResourceExhausted, "rate limit of %g requests/s (burst %d) exceeded for this caller (--rate-limit); slow down and retry", float64(r.rps), r.burst)
+	}
+	return nil
+}

@@ -1,0 +1,212 @@
+package server_test
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/server"
+)
+
+func TestMaxMessageSize(t *testing.T) {
+	e := newEnvWith(t, []server.Option{server.WithServerOptions(grpc.MaxRecvMsgSize(1024))})
+	_, err := e.lc.Describe(ctxT(t, 10*time.Second), &coordinatorv1.DescribeRequest{Name: strings.Repeat("n", 2000)})
+	if code(err) != codes.ResourceExhausted {
+		t.Fatalf("a 2 KB request to a 1 KB limit: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	// The same connection and others keep working.
+	e.acquire("small", 5*time.Second)
+	if _, err := e.dialWith(plaintext()).Describe(ctxT(t, 10*time.Second), &coordinatorv1.DescribeRequest{Name: "small"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMaxConcurrentStreams(t *testing.T) {
+	e := newEnvWith(t, []server.Option{server.WithServerOptions(grpc.MaxConcurrentStreams(2))})
+	e.acquire("busy", time.Minute)
+	crowded := e.dialWith(plaintext())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := crowded.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "busy"})
+			done <- err
+		}()
+	}
+	eventually(t, 10*time.Second, "two waiters", func() bool { return len(e.describe("busy").Waiters) == 2 })
+	// A third call on the crowded connection is held back by HTTP/2 flow
+	// control until a stream ends: it cannot start before its deadline.
+	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancelShort()
+	if _, err := crowded.ValidateToken(short, &coordinatorv1.ValidateTokenRequest{Name: "busy", Token: 1}); code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a third stream on a connection limited to 2: %v, want DEADLINE_EXCEEDED", err)
+	}
+	// Other connections are served.
+	if _, err := e.lc.ValidateToken(ctxT(t, 10*time.Second), &coordinatorv1.ValidateTokenRequest{Name: "busy", Token: 1}); err != nil {
+		t.Fatalf("another connection: %v", err)
+	}
+	cancel()
+	for range 2 {
+		if err := <-done; code(err) != codes.Canceled {
+			t.Fatalf("waiter: %v", err)
+		}
+	}
+}
+
+func TestKeepaliveEnforcement(t *testing.T) {
+	e := newEnvWith(t, []server.Option{server.WithServerOptions(grpc.KeepaliveEnforcementPolicy(
+		keepalive.EnforcementPolicy{MinTime: time.Minute, PermitWithoutStream: true}))})
+	conn, err := net.DialTimeout("tcp", e.addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := conn.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(conn, conn)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 { // far more often than once a minute
+		if err := fr.WritePing(false, [8]byte{byte(i)}); err != nil {
+			break // the server may already have hung up
+		}
+	}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("no GOAWAY before the connection ended: %v", err)
+		}
+		if ga, ok := f.(*http2.GoAwayFrame); ok {
+			if ga.ErrCode != http2.ErrCodeEnhanceYourCalm || string(ga.DebugData()) != "too_many_pings" {
+				t.Fatalf("GOAWAY %v %q, want ENHANCE_YOUR_CALM too_many_pings", ga.ErrCode, ga.DebugData())
+			}
+			break
+		}
+	}
+	// Well-behaved clients are unaffected.
+	e.acquire("calm", 5*time.Second)
+}
+
+func TestRateLimitPerIdentity(t *testing.T) {
+	store, _ := authStore(t, `{"identities": {"a": {"lock_prefixes": [""]}, "b": {"lock_prefixes": [""]}}}`, "a", "b")
+	au, as := server.AuthInterceptors(store)
+	ru, rs := server.RateLimit(0.01, 3)
+	e := newEnvWith(t, []server.Option{server.WithInnerInterceptors(
+		[]grpc.UnaryServerInterceptor{au, ru}, []grpc.StreamServerInterceptor{as, rs})})
+	a := e.dialWith(plaintext(), grpc.WithPerRPCCredentials(bearer("tok-a")))
+	a2 := e.dialWith(plaintext(), grpc.WithPerRPCCredentials(bearer("tok-a"))) // same identity, another connection
+	b := e.dialWith(plaintext(), grpc.WithPerRPCCredentials(bearer("tok-b")))
+	validate := func(lc coordinatorv1.LockServiceClient) error {
+		_, err := lc.ValidateToken(ctxT(t, 10*time.Second), &coordinatorv1.ValidateTokenRequest{Name: "x", Token: 1})
+		return err
+	}
+	for i := range 3 {
+		if err := validate(a); err != nil {
+			t.Fatalf("call %d within the burst: %v", i, err)
+		}
+	}
+	if err := validate(a); code(err) != codes.ResourceExhausted {
+		t.Fatalf("4th call of a burst of 3: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if err := validate(a2); code(err) != codes.ResourceExhausted {
+		t.Fatalf("the same identity on another connection: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	for i := range 3 {
+		if err := validate(b); err != nil {
+			t.Fatalf("another identity, call %d: %v", i, err)
+		}
+	}
+}
+
+func TestRateLimitPerAddressWithoutAuthorization(t *testing.T) {
+	ru, rs := server.RateLimit(0.01, 2)
+	e := newEnvWith(t, []server.Option{server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{ru}, []grpc.StreamServerInterceptor{rs})})
+	for i := range 2 {
+		if _, err := e.lc.ValidateToken(ctxT(t, 10*time.Second), &coordinatorv1.ValidateTokenRequest{Name: "x", Token: 1}); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if _, err := e.lc.ValidateToken(ctxT(t, 10*time.Second), &coordinatorv1.ValidateTokenRequest{Name: "x", Token: 1}); code(err) != codes.ResourceExhausted {
+		t.Fatalf("3rd call: %v, want RESOURCE_EXHAUSTED", err)
+	}
+}
+
+func TestMaxWaitersAndMaxWait(t *testing.T) {
+	var e *env
+	limits := server.Limits{MaxWaiters: 2, MaxWait: 2 * time.Second,
+		QueueLen: func(ctx context.Context, name string) (int64, error) { return e.mgr.QueueLen(ctx, name) }}
+	e = newEnvWith(t, []server.Option{server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{limits.Interceptor()}, nil)})
+	e.acquire("crowd", time.Minute)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := e.lc.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "crowd", Wait: dur(time.Second)})
+			done <- err
+		}()
+	}
+	eventually(t, 10*time.Second, "two waiters", func() bool { return len(e.describe("crowd").Waiters) == 2 })
+	_, err := e.lc.Acquire(ctxT(t, 10*time.Second), &coordinatorv1.AcquireRequest{Name: "crowd", Wait: dur(time.Second)})
+	if code(err) != codes.ResourceExhausted {
+		t.Fatalf("a third waiter with max 2: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if _, err := e.tryAcquire("crowd"); code(err) != codes.Aborted {
+		t.Fatalf("a try-lock on a full queue: %v, want ABORTED", err)
+	}
+	e.acquire("elsewhere", 5*time.Second) // other locks are unaffected
+	for range 2 {
+		if err := <-done; code(err) != codes.Aborted {
+			t.Fatalf("waiter with wait 1s: %v, want ABORTED", err)
+		}
+	}
+
+	// Max wait: more than allowed is refused; no wait means the max.
+	_, err = e.lc.Acquire(ctxT(t, 10*time.Second), &coordinatorv1.AcquireRequest{Name: "crowd", Wait: dur(time.Hour)})
+	if code(err) != codes.InvalidArgument || fieldOf(err) != "wait" {
+		t.Fatalf("wait 1h with max 2s: %v, want INVALID_ARGUMENT on wait", err)
+	}
+	_, err = e.lc.Acquire(ctxT(t, 20*time.Second), &coordinatorv1.AcquireRequest{Name: "crowd"})
+	if code(err) != codes.Aborted {
+		t.Fatalf("no wait, max 2s, lock held: %v, want ABORTED", err)
+	}
+	if n := e.queueKeys("crowd"); n != 1 {
+		t.Fatalf("%d queue keys after the waits, want 1 (the holder)", n)
+	}
+}
+
+func TestMaxWaitersOnHoldStreams(t *testing.T) {
+	var e *env
+	limits := server.Limits{MaxWaiters: 1, QueueLen: func(ctx context.Context, name string) (int64, error) { return e.mgr.QueueLen(ctx, name) }}
+	e = newEnvWith(t, []server.Option{server.WithInnerInterceptors(
+		[]grpc.UnaryServerInterceptor{limits.Interceptor()}, []grpc.StreamServerInterceptor{limits.StreamInterceptor()})})
+	e.acquire("h", time.Minute)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _, _ = e.lc.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "h"}) }()
+	eventually(t, 10*time.Second, "one waiter", func() bool { return len(e.describe("h").Waiters) == 1 })
+	st, err := e.lc.Hold(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Acquire{Acquire: &coordinatorv1.HoldAcquire{
+		Request: &coordinatorv1.AcquireRequest{Name: "h"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); code(err) != codes.ResourceExhausted {
+		t.Fatalf("Hold as a second waiter with max 1: %v, want RESOURCE_EXHAUSTED", err)
+	}
+}

@@ -1,0 +1,174 @@
+package server
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+)
+
+// Metrics are the Prometheus metrics of one coordinator: per-RPC counters
+// and latency histograms (go-grpc-middleware's grpc_server_*), and lock
+// metrics read from the requests and answers of the LockService:
+//
+//	coordinatord_acquisitions_total{outcome}       Acquire calls by outcome: granted, not_granted (ABORTED), or the gRPC code in snake case
+//	coordinatord_acquire_wait_seconds{outcome}     how long Acquire calls took (queue wait included), by the same outcome
+//	coordinatord_validations_total{outcome}        ValidateToken answers: current, superseded, not_held, fenced, or the gRPC code of an error
+//	coordinatord_releases_total{outcome}           Release calls: released, not_released, or the gRPC code of an error
+//	coordinatord_renewals_total{outcome}           KeepAlive calls: renewed, or the gRPC code (not_found: the grant is gone)
+//	coordinatord_locks_held, coordinatord_lock_waiters   read from etcd at scrape time (see CountLocks)
+type Metrics struct {
+	rpc          *grpcprom.ServerMetrics
+	acquisitions *prometheus.CounterVec
+	waitSeconds  *prometheus.HistogramVec
+	validations  *prometheus.CounterVec
+	releases     *prometheus.CounterVec
+	renewals     *prometheus.CounterVec
+	reg          prometheus.Registerer
+}
+
+// NewMetrics creates the metrics and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	outcome := []string{"outcome"}
+	m := &Metrics{
+		rpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+			grpcprom.WithHistogramBuckets([]float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}))),
+		acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coordinatord_acquisitions_total", Help: "Acquire calls by outcome: granted, not_granted (ABORTED: the wait elapsed), or the gRPC code of the failure.",
+		}, outcome),
+		waitSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "coordinatord_acquire_wait_seconds",
+			Help:    "Duration of Acquire calls, queue wait included, by outcome.",
+			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 5, 10, 30, 60, 300, 900},
+		}, outcome),
+		validations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coordinatord_validations_total", Help: "ValidateToken answers by outcome: current, superseded, not_held, fenced, or the gRPC code of an error.",
+		}, outcome),
+		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coordinatord_releases_total", Help: "Release calls by outcome: released, not_released, or the gRPC code of an error.",
+		}, outcome),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coordinatord_renewals_total", Help: "KeepAlive calls by outcome: renewed, or the gRPC code of the failure (not_found: the grant is gone).",
+		}, outcome),
+		reg: reg,
+	}
+	reg.MustRegister(m.rpc, m.acquisitions, m.waitSeconds, m.validations, m.releases, m.renewals)
+	// The usual outcomes start at zero, so that rate() sees their first event.
+	for _, o := range []string{"granted", "not_granted"} {
+		m.acquisitions.WithLabelValues(o)
+		m.waitSeconds.WithLabelValues(o)
+	}
+	for _, o := range []string{"current", "superseded", "not_held", "fenced"} {
+		m.validations.WithLabelValues(o)
+	}
+	m.releases.WithLabelValues("released")
+	m.releases.WithLabelValues("not_released")
+	m.renewals.WithLabelValues("renewed")
+	m.renewals.WithLabelValues("not_found")
+	return m
+}
+
+// Option returns the server option that installs the metrics interceptors
+// (outermost, before logging).
+func (m *Metrics) Option() Option {
+	return WithOuterInterceptors(
+		[]grpc.UnaryServerInterceptor{m.rpc.UnaryServerInterceptor(), m.lockInterceptor},
+		[]grpc.StreamServerInterceptor{m.rpc.StreamServerInterceptor()})
+}
+
+// Initialize pre-creates the per-RPC series of every method of gs at zero.
+func (m *Metrics) Initialize(gs *grpc.Server) { m.rpc.InitializeMetrics(gs) }
+
+// CountLocks adds the gauges coordinatord_locks_held and
+// coordinatord_lock_waiters, computed by count at every scrape (bounded by
+// timeout). They count every lock under the key prefix, whichever replica
+// granted it: aggregate replicas with max(), not sum(). A failed count
+// leaves the gauges out of that scrape.
+func (m *Metrics) CountLocks(timeout time.Duration, count func(context.Context) (held, waiting int64, err error)) {
+	m.reg.MustRegister(&lockCensus{count: count, timeout: timeout})
+}
+
+var (
+	heldDesc    = prometheus.NewDesc("coordinatord_locks_held", "Locks that have a holder (all replicas sharing the key prefix).", nil, nil)
+	waitersDesc = prometheus.NewDesc("coordinatord_lock_waiters", "Contenders waiting in lock queues (all replicas sharing the key prefix).", nil, nil)
+)
+
+type lockCensus struct {
+	count   func(context.Context) (int64, int64, error)
+	timeout time.Duration
+}
+
+func (c *lockCensus) Describe(ch chan<- *prometheus.Desc) { ch <- heldDesc; ch <- waitersDesc }
+
+func (c *lockCensus) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	held, waiting, err := c.count(ctx)
+	if err != nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(heldDesc, prometheus.GaugeValue, float64(held))
+	ch <- prometheus.MustNewConstMetric(waitersDesc, prometheus.GaugeValue, float64(waiting))
+}
+
+// codeLabel is a gRPC code in snake case ("not_found").
+func codeLabel(c codes.Code) string {
+	var b strings.Builder
+	for i, r := range c.String() {
+		if r >= 'A' && r <= 'Z' {
+			if i > 0 {
+				b.WriteByte('_')
+			}
+			r += 'a' - 'A'
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func (m *Metrics) lockInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	start := time.Now()
+	resp, err := h(ctx, req)
+	c := status.Code(err)
+	switch info.FullMethod {
+	case coordinatorv1.LockService_Acquire_FullMethodName:
+		o := codeLabel(c)
+		switch c {
+		case codes.OK:
+			o = "granted"
+		case codes.Aborted:
+			o = "not_granted"
+		}
+		m.acquisitions.WithLabelValues(o).Inc()
+		m.waitSeconds.WithLabelValues(o).Observe(time.Since(start).Seconds())
+	case coordinatorv1.LockService_ValidateToken_FullMethodName:
+		o := codeLabel(c)
+		if r, ok := resp.(*coordinatorv1.ValidateTokenResponse); ok && err == nil {
+			o = strings.ToLower(strings.TrimPrefix(r.GetReason().String(), "REASON_"))
+		}
+		m.validations.WithLabelValues(o).Inc()
+	case coordinatorv1.LockService_Release_FullMethodName:
+		o := codeLabel(c)
+		if r, ok := resp.(*coordinatorv1.ReleaseResponse); ok && err == nil {
+			o = "not_released"
+			if r.GetReleased() {
+				o = "released"
+			}
+		}
+		m.releases.WithLabelValues(o).Inc()
+	case coordinatorv1.LockService_KeepAlive_FullMethodName:
+		o := codeLabel(c)
+		if err == nil {
+			o = "renewed"
+		}
+		m.renewals.WithLabelValues(o).Inc()
+	}
+	return resp, err
+}
