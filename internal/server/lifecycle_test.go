@@ -328,7 +328,8 @@ func TestLockDelay(t *testing.T) {
 
 func TestSessions(t *testing.T) {
 	e := newEnv(t)
-	s, err := e.lc.OpenSession(ctxT(t, 5*time.Second), &coordinatorv1.OpenSessionRequest{Ttl: dur(time.Second), Owner: "batch"})
+	const ttl = 2 * time.Second
+	s, err := e.lc.OpenSession(ctxT(t, 5*time.Second), &coordinatorv1.OpenSessionRequest{Ttl: dur(ttl), Owner: "batch"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,13 +341,19 @@ func TestSessions(t *testing.T) {
 			t.Fatalf("acquire %s in session: %v", name, err)
 		}
 		tokens[name] = g.Token
+		// Keep the session alive however slow the machine is.
+		if _, err := e.lc.KeepAliveSession(ctxT(t, 5*time.Second), &coordinatorv1.KeepAliveSessionRequest{Handle: s.Handle}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := e.lc.Acquire(ctxT(t, 5*time.Second), &coordinatorv1.AcquireRequest{Name: "s/0", SessionHandle: s.Handle, Wait: dur(0)}); code(err) != codes.FailedPrecondition {
 		t.Fatalf("second acquire of s/0 in the same session: %v, want FAILED_PRECONDITION", err)
 	}
 	// One heartbeat keeps all ten, for more than twice the TTL.
-	for range 8 {
-		time.Sleep(300 * time.Millisecond)
+	for i := range 12 {
+		if i > 0 {
+			time.Sleep(ttl / 4)
+		}
 		r, err := e.lc.KeepAliveSession(ctxT(t, 5*time.Second), &coordinatorv1.KeepAliveSessionRequest{Handle: s.Handle})
 		if err != nil {
 			t.Fatal(err)

@@ -59,8 +59,17 @@ const (
 //     token in metadata["holder_token"].
 //   - DEADLINE_EXCEEDED / CANCELLED: the caller's own deadline or cancellation.
 //   - NOT_FOUND: KeepAlive on a grant that no longer lives (or a wrong handle).
+//   - FAILED_PRECONDITION: renewal past max_hold; a session acquiring a lock
+//     it already holds or waits for.
+//   - OUT_OF_RANGE: Watch from a compacted start_revision.
+//   - UNAUTHENTICATED: no verified client certificate or bearer token, when
+//     the server requires one.
+//   - PERMISSION_DENIED: the caller's identity may not use this lock name,
+//     prefix or resource, or call an admin-only method (ForceRelease).
+//   - RESOURCE_EXHAUSTED: a server limit (waiters per lock, message size,
+//     request rate).
 //   - UNAVAILABLE: etcd unreachable, no quorum, or the replica is shutting
-//     down. Safe to retry (on any replica).
+//     down. Safe to retry (on any replica), with the same request_id.
 type LockServiceClient interface {
 	// Acquire waits for the lock `name` and grants it with a lease of `ttl`.
 	//
@@ -288,8 +297,17 @@ func (c *lockServiceClient) List(ctx context.Context, in *ListRequest, opts ...g
 //     token in metadata["holder_token"].
 //   - DEADLINE_EXCEEDED / CANCELLED: the caller's own deadline or cancellation.
 //   - NOT_FOUND: KeepAlive on a grant that no longer lives (or a wrong handle).
+//   - FAILED_PRECONDITION: renewal past max_hold; a session acquiring a lock
+//     it already holds or waits for.
+//   - OUT_OF_RANGE: Watch from a compacted start_revision.
+//   - UNAUTHENTICATED: no verified client certificate or bearer token, when
+//     the server requires one.
+//   - PERMISSION_DENIED: the caller's identity may not use this lock name,
+//     prefix or resource, or call an admin-only method (ForceRelease).
+//   - RESOURCE_EXHAUSTED: a server limit (waiters per lock, message size,
+//     request rate).
 //   - UNAVAILABLE: etcd unreachable, no quorum, or the replica is shutting
-//     down. Safe to retry (on any replica).
+//     down. Safe to retry (on any replica), with the same request_id.
 type LockServiceServer interface {
 	// Acquire waits for the lock `name` and grants it with a lease of `ttl`.
 	//
