@@ -109,4 +109,3 @@ func check(t *testing.T, w *chaos.Workload, wantStale bool) result {
 	}
 	return result{verdict: v, reg: reg, ops: ops}
 }
-
