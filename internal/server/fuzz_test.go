@@ -107,7 +107,9 @@ func FuzzAcquireRequest(f *testing.F) {
 		default:
 			t.Fatalf("Acquire(%v): %v", req, err)
 		}
-		defer func() { _, _ = lc.Release(cctx, &coordinatorv1.ReleaseRequest{Name: name, Token: g.GetToken(), Handle: g.GetHandle()}) }()
+		defer func() {
+			_, _ = lc.Release(cctx, &coordinatorv1.ReleaseRequest{Name: name, Token: g.GetToken(), Handle: g.GetHandle()})
+		}()
 		all, err := cli.Get(cctx, "", clientv3.WithFromKey(), clientv3.WithKeysOnly())
 		if err != nil {
 			t.Fatal(err)
