@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := $(CURDIR)/bin
 ARGS    ?=
 
-.PHONY: all build run test test-short chaos generate lint verify tools grpcurl clean
+.PHONY: all build run test test-short chaos generate lint verify tools grpcurl clean bench bench-quick bench-go
 
 all: build
 
@@ -31,6 +31,21 @@ test-short:
 CHAOS_RUNS ?= 20
 chaos:
 	CHAOS_RUNS=$(CHAOS_RUNS) $(GO) test -count=1 -timeout 60m -run 'TestChaosRandomized' -v ./internal/chaos
+
+## bench: the full side-by-side benchmark (coordinatord vs etcd Mutex, v3lock, linearizable Get; ~20 min on 2 cores);
+## writes docs/benchmarks/results.md and chart.svg, CPU profiles into bin/profiles (pass flags with ARGS=...)
+bench:
+	$(GO) build -o $(BIN)/coordbench ./cmd/coordbench
+	$(BIN)/coordbench -profile-dir bin/profiles $(ARGS)
+
+## bench-quick: the same scenarios, short (about 2 minutes); writes bin/bench-quick.md and bin/bench-quick.svg
+bench-quick:
+	$(GO) build -o $(BIN)/coordbench ./cmd/coordbench
+	$(BIN)/coordbench -quick -out $(BIN)/bench-quick.md -svg $(BIN)/bench-quick.svg $(ARGS)
+
+## bench-go: the testing.B micro- and end-to-end benchmarks of the hot paths
+bench-go:
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/...
 
 # buf lives in its own module (tools/go.mod): it needs a newer protobuf
 # runtime than the daemon builds with.

@@ -137,6 +137,9 @@ type attempt struct {
 	handle  string
 	rec     record
 	session bool // id is a session's lease: withdraw by deleting the key, never revoke
+
+	refreshed    time.Time // when the lease was refreshed alongside a claim
+	refreshedTTL int64     // its TTL then, 0 if not refreshed
 }
 
 // Acquire queues for the lock and returns the grant. It fails with a
@@ -212,11 +215,19 @@ func (m *Manager) join(ctx, parent context.Context, name string, o acquireOption
 		a.id, a.ttl, a.session = o.session.id, o.session.ttl, true
 	} else {
 		ttlSec := int64((o.ttl + time.Second - 1) / time.Second)
-		lr, err := m.cli.Grant(ctx, ttlSec)
-		if err != nil {
-			return nil, nil, m.etcdErr(parent, "grant lease", err)
+		if id, ok := m.pool.get(ttlSec, start); ok {
+			// A recycled lease: refreshed, it is as good as a new one.
+			if ka, err := m.cli.KeepAliveOnce(ctx, id); err == nil && ka.TTL > 0 {
+				a.id, a.ttl = id, ka.TTL
+			}
 		}
-		a.id, a.ttl = lr.ID, lr.TTL
+		if a.id == 0 {
+			lr, err := m.cli.Grant(ctx, ttlSec)
+			if err != nil {
+				return nil, nil, m.etcdErr(parent, "grant lease", err)
+			}
+			a.id, a.ttl = lr.ID, lr.TTL
+		}
 	}
 	cleanup := func() { m.withdraw(a) }
 	if o.lockDelay > 0 {
@@ -239,6 +250,12 @@ func (m *Manager) join(ctx, parent context.Context, name string, o acquireOption
 	a.key = m.ks.key(name, a.id)
 	a.rec = record{Owner: o.owner, HandleHash: sum, Since: start.UnixNano(), MaxHold: int64(o.maxHold),
 		LockDelay: int64(o.lockDelay), DelayLease: int64(a.delay), Session: a.session}
+	if !a.session {
+		a.rec.TTL = a.ttl
+	}
+	if o.requestID != "" {
+		a.rec.Req = m.ks.request(name, o.requestID)
+	}
 	held := a.rec
 	held.Acquired = a.rec.Since
 
@@ -261,27 +278,34 @@ func (m *Manager) join(ctx, parent context.Context, name string, o acquireOption
 		// A session has one key per queue: refuse a second.
 		free = append(free, clientv3.Compare(clientv3.CreateRevision(a.key), "=", 0))
 	}
-	var txn clientv3.Txn
+	// Plain and request-id joins go through group commit; a session's join
+	// (which writes the session index) is committed alone.
+	var res txnRes
 	reqKey := ""
-	if o.requestID != "" {
+	switch {
+	case o.requestID != "":
 		reqKey = m.ks.request(name, o.requestID)
-		inner := clientv3.OpTxn(free, hold, queue)
-		txn = m.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(reqKey), "=", 0)).
-			Then(inner, clientv3.OpPut(reqKey, strconv.FormatInt(int64(a.id), 16), clientv3.WithLease(a.id)))
-	} else if a.session {
-		txn = m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.key), "=", 0)).
+		res = m.batch.do(ctx, name,
+			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(reqKey), "=", 0)},
+			[]clientv3.Op{clientv3.OpTxn(free, hold, queue), clientv3.OpPut(reqKey, strconv.FormatInt(int64(a.id), 16), clientv3.WithLease(a.id))},
+			nil)
+	case a.session:
+		resp, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.key), "=", 0)).
 			Then(clientv3.OpTxn(free[:2], hold, queue),
-				clientv3.OpPut(m.ks.sessionIndex(a.id)+escape(name), "", clientv3.WithLease(a.id)))
-	} else {
-		txn = m.cli.Txn(ctx).If(free...).Then(hold...).Else(queue...)
+				clientv3.OpPut(m.ks.sessionIndex(a.id)+escape(name), "", clientv3.WithLease(a.id))).
+			Commit()
+		if err == nil {
+			res = txnRes{rev: resp.Header.Revision, ok: resp.Succeeded, resps: resp.Responses}
+		}
+		res.err = err
+	default:
+		res = m.batch.do(ctx, name, free, hold, queue)
 	}
-	resp, err := txn.Commit()
-	if err != nil {
+	if err := res.err; err != nil {
 		cleanup()
 		return nil, nil, m.etcdErr(parent, "join queue", err)
 	}
-	if !resp.Succeeded && (reqKey != "" || a.session) {
+	if !res.ok && (reqKey != "" || a.session) {
 		// A concurrent attempt with the same request id won the race (we
 		// resume it), or the session already has a key in this queue.
 		cleanup()
@@ -301,10 +325,10 @@ func (m *Manager) join(ctx, parent context.Context, name string, o acquireOption
 		}
 		return r, nil, nil
 	}
-	a.token = resp.Header.Revision
-	granted := resp.Succeeded
+	a.token = res.rev
+	granted := res.ok
 	if reqKey != "" || a.session {
-		granted = resp.Responses[0].GetResponseTxn().GetSucceeded()
+		granted = res.resps[0].GetResponseTxn().GetSucceeded()
 	}
 	if !granted {
 		return a, nil, nil
@@ -426,6 +450,43 @@ func (m *Manager) queued(ctx, parent context.Context, a *attempt, o acquireOptio
 	return g, err
 }
 
+// tryClaim marks the attempt granted if, in etcd's view, it heads its
+// queue and no lock-delay is pending, in one transaction; the lease refresh
+// that a grant needs runs alongside, so a hand-off costs one round trip.
+func (m *Manager) tryClaim(ctx context.Context, a *attempt) (bool, error) {
+	held := a.rec
+	held.Acquired = m.now().UnixNano()
+	ops := []clientv3.Op{clientv3.OpPut(a.key, held.encode(), clientv3.WithIgnoreLease())}
+	if a.delay != 0 {
+		ops = append(ops, clientv3.OpPut(m.ks.delay(a.name), "", clientv3.WithLease(a.delay)))
+	}
+	type renewal struct {
+		at  time.Time
+		ttl int64
+		err error
+	}
+	rc := make(chan renewal, 1)
+	go func() {
+		at := m.now()
+		ttl, err := m.renew(ctx, a.id, a.delay)
+		rc <- renewal{at, ttl, err}
+	}()
+	res := m.batch.do(ctx, a.name, []clientv3.Cmp{
+		clientv3.Compare(clientv3.CreateRevision(a.key), "=", a.token),
+		clientv3.Compare(clientv3.CreateRevision(a.queue), ">", a.token-1).WithPrefix(),
+		clientv3.Compare(clientv3.CreateRevision(m.ks.delay(a.name)), "=", 0),
+	}, ops, nil)
+	r := <-rc
+	if res.err != nil || !res.ok {
+		return false, res.err
+	}
+	a.rec = held
+	if r.err == nil {
+		a.refreshed, a.refreshedTTL = r.at, r.ttl
+	}
+	return true, nil
+}
+
 // claim marks the head of the queue as granted (writing the lock-delay key
 // if asked) and refreshes its lease for a full TTL.
 func (m *Manager) claim(ctx, parent context.Context, a *attempt) (*Grant, error) {
@@ -447,6 +508,9 @@ func (m *Manager) claim(ctx, parent context.Context, a *attempt) (*Grant, error)
 			return nil, ErrLostWhileWaiting
 		}
 		a.rec = held
+	}
+	if a.refreshedTTL > 0 { // refreshed alongside the claim
+		return m.grantOf(a, a.refreshed, time.Duration(a.refreshedTTL)*time.Second), nil
 	}
 	refreshed := m.now()
 	ttl, err := m.renew(ctx, a.id, a.delay)
@@ -537,7 +601,21 @@ func (m *Manager) wait(ctx, parent context.Context, a *attempt, timeout <-chan t
 		return m.etcdErr(parent, "wait", ctx.Err())
 	}
 	delayKey := m.ks.delay(a.name)
-	for {
+	for first := true; ; first = false {
+		if !first {
+			// Something we waited for is gone: most often we now head the
+			// queue, so try to claim the lock in one round trip.
+			claimed, err := m.tryClaim(ctx, a)
+			if err != nil {
+				if ctx.Err() != nil {
+					return ended()
+				}
+				return m.etcdErr(parent, "claim", err)
+			}
+			if claimed {
+				return nil
+			}
+		}
 		// The immediate predecessor: the newest key older than ours.
 		r, err := m.cli.Get(ctx, a.queue, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(a.token-1), clientv3.WithKeysOnly())...)
 		if err != nil {

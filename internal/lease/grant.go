@@ -5,12 +5,12 @@ import (
 	"errors"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // held is a live grant found by lookup.
 type held struct {
+	name    string
 	key     string
 	id      clientv3.LeaseID
 	token   int64
@@ -44,7 +44,7 @@ func (m *Manager) lookup(ctx context.Context, name string, token int64, handle s
 	if kv.CreateRevision != token || clientv3.LeaseID(kv.Lease) != id || !sameHash(rec.HandleHash, sum) || rec.Acquired == 0 {
 		return nil, ErrNotHeld
 	}
-	return &held{key: key, id: id, token: token, modRev: kv.ModRevision, rec: rec, session: rec.Session}, nil
+	return &held{name: name, key: key, id: id, token: token, modRev: kv.ModRevision, rec: rec, session: rec.Session}, nil
 }
 
 // Renewal is the outcome of KeepAlive.
@@ -111,43 +111,6 @@ func (m *Manager) ForceRelease(ctx context.Context, name string, token int64) (b
 	}
 	kv := r.Kvs[0]
 	rec := decodeRecord(kv.Value)
-	h := &held{key: string(kv.Key), id: clientv3.LeaseID(kv.Lease), token: token, modRev: kv.ModRevision, rec: rec, session: rec.Session}
+	h := &held{name: name, key: string(kv.Key), id: clientv3.LeaseID(kv.Lease), token: token, modRev: kv.ModRevision, rec: rec, session: rec.Session}
 	return m.end(ctx, h, endForced)
-}
-
-// end records how the grant ends in its key's last value (so watchers can
-// tell a release from an expiry), then removes it: a clean release also
-// removes the lock-delay key, a forced one leaves it to run out.
-func (m *Manager) end(ctx context.Context, h *held, how string) (bool, error) {
-	rec := h.rec
-	rec.End = how
-	tr, err := m.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(h.key), "=", h.modRev)).
-		Then(clientv3.OpPut(h.key, rec.encode(), clientv3.WithIgnoreLease())).
-		Commit()
-	if err != nil {
-		return false, m.etcdErr(ctx, "mark end", err)
-	}
-	if !tr.Succeeded {
-		// Changed or ended since it was read: not ended by this call.
-		return false, nil
-	}
-	if how == endReleased && rec.DelayLease != 0 {
-		if _, err := m.cli.Revoke(ctx, clientv3.LeaseID(rec.DelayLease)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return false, m.etcdErr(ctx, "revoke lock-delay lease", err)
-		}
-	}
-	if h.session {
-		_, err = m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(h.key), "=", h.token)).
-			Then(clientv3.OpDelete(h.key)).Commit()
-	} else {
-		_, err = m.cli.Revoke(ctx, h.id)
-		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			return false, nil
-		}
-	}
-	if err != nil {
-		return false, m.etcdErr(ctx, "remove grant", err)
-	}
-	return true, nil
 }

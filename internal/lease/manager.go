@@ -45,6 +45,11 @@ type Manager struct {
 	stop    context.Context // cancelled by Close: every wait ends
 	halt    context.CancelFunc
 	waiters sync.WaitGroup
+	bg      sync.WaitGroup // background revokes
+
+	pool   leasePool
+	marker markerLease
+	batch  batcher
 }
 
 type options struct {
@@ -97,7 +102,7 @@ func New(cli *clientv3.Client, opts ...Option) (*Manager, error) {
 		o.log = slog.New(slog.DiscardHandler)
 	}
 	stop, halt := context.WithCancel(context.Background())
-	return &Manager{
+	m := &Manager{
 		cli:        cli,
 		ks:         NewKeyspace(o.prefix),
 		defaultTTL: o.defaultTTL,
@@ -108,7 +113,9 @@ func New(cli *clientv3.Client, opts ...Option) (*Manager, error) {
 		now:        time.Now,
 		stop:       stop,
 		halt:       halt,
-	}, nil
+	}
+	m.batch = batcher{cli: cli, spawn: m.spawn}
+	return m, nil
 }
 
 // Keyspace is the manager's key layout.
@@ -125,6 +132,7 @@ func (m *Manager) Close() {
 	}
 	m.mu.Unlock()
 	m.waiters.Wait()
+	m.bg.Wait()
 }
 
 // enter registers an Acquire with Close; the returned context is cancelled
@@ -150,8 +158,9 @@ type record struct {
 	MaxHold    int64  `json:"maxhold,omitempty"` // ns: no renewal past Acquired+MaxHold
 	LockDelay  int64  `json:"delay,omitempty"`   // ns: the next grant waits this long after an involuntary end
 	DelayLease int64  `json:"dl,omitempty"`      // the lease of the lock-delay key, renewed with the grant
-	End        string `json:"end,omitempty"`     // endReleased or endForced, written just before removal
 	Session    bool   `json:"sess,omitempty"`    // the key is on a session's lease
+	TTL        int64  `json:"ttl,omitempty"`     // s: the lease's granted TTL (for recycling it)
+	Req        string `json:"req,omitempty"`     // the request record's key, if any
 }
 
 // How a grant ended, as recorded in its queue key's last value.

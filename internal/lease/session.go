@@ -126,7 +126,7 @@ func (m *Manager) sessionHolders(ctx context.Context, s *sessionRef) ([]Holder, 
 			continue // waiting
 		}
 		hs = append(hs, Holder{Name: name, Token: k.Kvs[0].CreateRevision, Owner: rec.Owner, AcquiredAt: unixTime(rec.Acquired)})
-		helds = append(helds, &held{key: string(k.Kvs[0].Key), id: s.id, token: k.Kvs[0].CreateRevision, modRev: k.Kvs[0].ModRevision, rec: rec, session: true})
+		helds = append(helds, &held{name: name, key: string(k.Kvs[0].Key), id: s.id, token: k.Kvs[0].CreateRevision, modRev: k.Kvs[0].ModRevision, rec: rec, session: true})
 	}
 	return hs, helds, nil
 }
@@ -169,17 +169,10 @@ func (m *Manager) CloseSession(ctx context.Context, handle string) (bool, []Hold
 	if err != nil {
 		return false, nil, err
 	}
-	// Mark each grant released (watchers see a release, not an expiry),
-	// in transactions of at most 100 operations (etcd allows 128).
-	for i := 0; i < len(helds); i += 100 {
-		var ops []clientv3.Op
-		for _, h := range helds[i:min(i+100, len(helds))] {
-			rec := h.rec
-			rec.End = endReleased
-			ops = append(ops, clientv3.OpPut(h.key, rec.encode(), clientv3.WithIgnoreLease()))
-		}
-		if _, err := m.cli.Txn(ctx).Then(ops...).Commit(); err != nil {
-			return false, nil, m.etcdErr(ctx, "mark session locks released", err)
+	// End each grant as released (watchers see a release, not an expiry).
+	for _, h := range helds {
+		if _, err := m.end(ctx, h, endReleased); err != nil {
+			return false, nil, err
 		}
 	}
 	if _, err := m.cli.Revoke(ctx, s.id); err != nil {

@@ -22,16 +22,6 @@ const (
 	EndForced                        // ForceRelease
 )
 
-func endOf(v []byte) EndReason {
-	switch decodeRecord(v).End {
-	case endReleased:
-		return EndReleased
-	case endForced:
-		return EndForced
-	}
-	return EndExpired
-}
-
 // AwaitEnd blocks until the grant (name, token, handle) ends and says how.
 // It returns at once with EndExpired if the grant is already gone.
 func (m *Manager) AwaitEnd(ctx context.Context, name string, token int64, handle string) (EndReason, error) {
@@ -42,7 +32,7 @@ func (m *Manager) AwaitEnd(ctx context.Context, name string, token int64, handle
 	key := m.ks.key(name, id)
 	for {
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		reason, err := m.awaitEnd(wctx, key, token)
+		reason, err := m.awaitEnd(wctx, name, key, token)
 		cancel()
 		if err == errRewatch {
 			continue
@@ -53,9 +43,8 @@ func (m *Manager) AwaitEnd(ctx context.Context, name string, token int64, handle
 
 var errRewatch = errors.New("watch broke")
 
-func (m *Manager) awaitEnd(ctx context.Context, key string, token int64) (EndReason, error) {
-	wch := m.cli.Watch(ctx, key, clientv3.WithCreatedNotify(), clientv3.WithPrevKV())
-	last := EndExpired
+func (m *Manager) awaitEnd(ctx context.Context, name, key string, token int64) (EndReason, error) {
+	wch := m.cli.Watch(ctx, key, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
 	for {
 		select {
 		case <-ctx.Done():
@@ -75,17 +64,10 @@ func (m *Manager) awaitEnd(ctx context.Context, key string, token int64) (EndRea
 				if len(r.Kvs) == 0 || r.Kvs[0].CreateRevision != token {
 					return EndExpired, nil
 				}
-				last = endOf(r.Kvs[0].Value) // a marked grant's removal follows at once
 			}
 			for _, ev := range wr.Events {
-				switch ev.Type {
-				case clientv3.EventTypePut:
-					last = endOf(ev.Kv.Value)
-				case clientv3.EventTypeDelete:
-					if ev.PrevKv != nil {
-						return endOf(ev.PrevKv.Value), nil
-					}
-					return last, nil
+				if ev.Type == clientv3.EventTypeDelete {
+					return m.endAt(context.WithoutCancel(ctx), name, token, ev.Kv.ModRevision), nil
 				}
 			}
 		}
@@ -172,7 +154,7 @@ func (m *Manager) Watch(ctx context.Context, name string, startRev int64, emit f
 				for n < len(evs) && evs[n].Kv.ModRevision == rev {
 					n++
 				}
-				if err := apply(name, state, evs[:n], rev, emit); err != nil {
+				if err := m.apply(ctx, name, state, evs[:n], rev, emit); err != nil {
 					return err
 				}
 				evs = evs[n:]
@@ -182,7 +164,7 @@ func (m *Manager) Watch(ctx context.Context, name string, startRev int64, emit f
 }
 
 // apply folds one revision's events into state and emits the holder change.
-func apply(name string, state map[string]*mvccpb.KeyValue, evs []*clientv3.Event, rev int64, emit func(Event) error) error {
+func (m *Manager) apply(ctx context.Context, name string, state map[string]*mvccpb.KeyValue, evs []*clientv3.Event, rev int64, emit func(Event) error) error {
 	before := head(state)
 	var ended *mvccpb.KeyValue
 	for _, ev := range evs {
@@ -204,7 +186,7 @@ func apply(name string, state map[string]*mvccpb.KeyValue, evs []*clientv3.Event
 		if ended == nil {
 			ended = before
 		}
-		kind := map[EndReason]EventKind{EndExpired: EventExpired, EndReleased: EventReleased, EndForced: EventForceReleased}[endOf(ended.Value)]
+		kind := map[EndReason]EventKind{EndExpired: EventExpired, EndReleased: EventReleased, EndForced: EventForceReleased}[m.endAt(ctx, name, ended.CreateRevision, rev)]
 		if err := emit(Event{Kind: kind, Revision: rev, Holder: holderOf(name, ended)}); err != nil {
 			return err
 		}

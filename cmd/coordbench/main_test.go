@@ -1,0 +1,144 @@
+package main
+
+import (
+	"encoding/xml"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	// The smoke test re-executes this test binary as the etcd and
+	// coordinatord children, as coordbench does with itself.
+	if len(os.Args) > 1 && strings.HasPrefix(os.Args[1], "child-") {
+		os.Exit(runChild(os.Args[1], os.Args[2:]))
+	}
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+		goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/logutil.(*MergeLogger).outputLoop"),
+	)
+}
+
+func TestPercentile(t *testing.T) {
+	var s []time.Duration
+	for i := 1; i <= 100; i++ {
+		s = append(s, time.Duration(i))
+	}
+	for _, tc := range []struct {
+		p    float64
+		want time.Duration
+	}{{50, 50}, {99, 99}, {100, 100}, {1, 1}, {0.1, 1}} {
+		if got := percentile(s, tc.p); got != tc.want {
+			t.Errorf("percentile(1..100, %v) = %v, want %v", tc.p, got, tc.want)
+		}
+	}
+	if got := percentile(nil, 50); got != 0 {
+		t.Errorf("percentile(nil) = %v", got)
+	}
+	if got := percentile([]time.Duration{7}, 99); got != 7 {
+		t.Errorf("percentile([7], 99) = %v", got)
+	}
+}
+
+func TestSpread(t *testing.T) {
+	if got := spreadOf([]float64{3, 1, 2}); got != (spread{med: 2, lo: 1, hi: 3}) {
+		t.Errorf("odd: %+v", got)
+	}
+	if got := spreadOf([]float64{4, 1, 2, 3}); got != (spread{med: 2.5, lo: 1, hi: 4}) {
+		t.Errorf("even: %+v", got)
+	}
+	if got := thousands(1234567); got != "1,234,567" {
+		t.Errorf("thousands = %q", got)
+	}
+}
+
+func TestParse(t *testing.T) {
+	c, err := parse([]string{"-quick", "-reps", "3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.reps != 3 || c.duration != time.Second || len(c.held) != 2 || len(c.scenarios) != 4 {
+		t.Fatalf("quick with explicit reps: %+v", c)
+	}
+	for _, bad := range [][]string{{"-reps", "0"}, {"-clients", "1,x"}, {"-scenarios", "nope"}, {"-duration", "1ms"}, {"extra"}} {
+		if _, err := parse(bad); err == nil {
+			t.Errorf("parse(%q) accepted", bad)
+		}
+	}
+}
+
+// TestSmoke runs every scenario of the real benchmark, tiny, against real
+// etcd and coordinatord child processes, and checks the report and chart.
+func TestSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd and coordinatord processes")
+	}
+	dir := t.TempDir()
+	cfg, err := parse([]string{"-reps", "1", "-duration", "300ms", "-warmup", "100ms", "-clients", "1,3", "-contended", "3",
+		"-held", "5,40", "-conns", "2", "-out", filepath.Join(dir, "r.md"), "-svg", filepath.Join(dir, "c.svg"),
+		"-data-dir", filepath.Join(dir, "etcd"), "-profile-dir", filepath.Join(dir, "prof")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.clients = append(cfg.clients, 64) // the profiled cells
+	stdout := os.Stdout
+	null, _ := os.Open(os.DevNull)
+	os.Stdout = null
+	rep, err := bench1(cfg)
+	os.Stdout = stdout
+	null.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cells := map[cell]bool{}
+	for _, r := range rep.results {
+		cells[r.cell] = true
+		if r.errs > 0 || r.violations > 0 {
+			t.Errorf("%+v: %d errors, %d exclusion violations", r.cell, r.errs, r.violations)
+		}
+		if r.ops == 0 {
+			t.Errorf("%+v: no operation completed", r.cell)
+		}
+	}
+	// 3 client counts x (3 lock systems + 2 validate systems), 1 contended
+	// count x 3, 2 held levels x 2.
+	if want := 3*5 + 3 + 2*2; len(cells) != want {
+		t.Errorf("%d cells measured, want %d", len(cells), want)
+	}
+	md, err := os.ReadFile(cfg.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"### Targets", "single-client acquire p50", "40 held locks", "| contended, 3 clients, one name | hand-offs/s |", "etcd linearizable Get"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
+		}
+	}
+	svg, err := os.ReadFile(cfg.svg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(svg), "<rect"); n < 10 {
+		t.Errorf("chart has %d rects", n)
+	}
+	dec := xml.NewDecoder(strings.NewReader(string(svg)))
+	for {
+		if _, err := dec.Token(); err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("chart is not well-formed XML: %v", err)
+			}
+			break
+		}
+	}
+	for _, f := range []string{"coordinatord-uncontended-64.pprof", "etcd-validate-64.pprof"} {
+		if st, err := os.Stat(filepath.Join(cfg.profileDir, f)); err != nil || st.Size() == 0 {
+			t.Errorf("profile %s: %v", f, err)
+		}
+	}
+}
