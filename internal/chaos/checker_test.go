@@ -49,6 +49,8 @@ func TestCheckerCatchesFaultyHistories(t *testing.T) {
 		{"released with someone else's token", h(acq(1, 10), op(2, chaos.ReleaseOther, 10, chaos.OK)), porcupine.Illegal},
 		{"renewed after release", h(acq(1, 10), op(1, chaos.Release, 10, chaos.OK), op(1, chaos.KeepAlive, 10, chaos.OK)), porcupine.Illegal},
 		{"valid after release, even if that release's answer was lost", h(acq(1, 10), op(1, chaos.Release, 10, chaos.OK), op(1, chaos.Validate, 10, chaos.OK)), porcupine.Illegal},
+		{"resource: valid for the holder advances the mark", h(acq(1, 10), op(1, chaos.ValidateResource, 10, chaos.OK), op(1, chaos.Release, 10, chaos.OK), acq(2, 12), op(2, chaos.ValidateResource, 12, chaos.OK), op(1, chaos.ValidateResource, 10, chaos.Failed)), porcupine.Ok},
+		{"resource: valid for a superseded token", h(acq(1, 10), acq(2, 12), op(2, chaos.ValidateResource, 12, chaos.OK), op(1, chaos.ValidateResource, 10, chaos.OK)), porcupine.Illegal},
 		{"valid while never granted", h(op(1, chaos.Validate, 10, chaos.OK)), porcupine.Illegal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -108,10 +110,11 @@ func TestRegisterCheckerCatchesFaultyWrites(t *testing.T) {
 }
 
 // skipHolderCheck is a deliberately broken build: ValidateToken answers
-// valid for a superseded token (it skips the holder check).
+// valid for a superseded token (it skips the holder check and the
+// resource's mark).
 func skipHolderCheck(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	resp, err := handler(ctx, req)
-	if v, ok := resp.(*coordinatorv1.ValidateTokenResponse); ok && v.GetReason() == coordinatorv1.ValidateTokenResponse_REASON_SUPERSEDED {
+	if v, ok := resp.(*coordinatorv1.ValidateTokenResponse); ok && (v.GetReason() == coordinatorv1.ValidateTokenResponse_REASON_SUPERSEDED || v.GetReason() == coordinatorv1.ValidateTokenResponse_REASON_FENCED) {
 		v.Valid = true
 	}
 	return resp, err
@@ -128,7 +131,7 @@ func TestCheckersCatchBrokenBuild(t *testing.T) {
 	}
 	t.Cleanup(e.Close)
 	w := &chaos.Workload{Replicas: clients(e), Names: []string{"a"}, ClientsPerName: 3, PauseOneIn: 2}
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	w.Run(ctx)
 	v := chaos.CheckLinearizable(w.Rec.Ops(), time.Minute)

@@ -27,10 +27,13 @@ const (
 	// ReleaseOther is a Release of Token with a handle that is not its
 	// grantee's; it must never answer released=true.
 	ReleaseOther
+	// ValidateResource: ValidateToken(Name, Token, resource "res/"+Name);
+	// OK means valid=true (and the resource's mark advanced to Token).
+	ValidateResource
 )
 
 func (k Kind) String() string {
-	return [...]string{"?", "acquire", "validate", "keepalive", "release", "release-other"}[k]
+	return [...]string{"?", "acquire", "validate", "keepalive", "release", "release-other", "validate-resource"}[k]
 }
 
 // Outcome is what a call returned.

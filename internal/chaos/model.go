@@ -9,10 +9,12 @@ import (
 )
 
 // lockState is the model's state of one lock name: the current holder's
-// token (0 = free) and the last token granted.
+// token (0 = free), the last token granted, and the high-water mark of the
+// name's protected resource ("res/"+name).
 type lockState struct {
 	holder int64
 	last   int64
+	mark   int64
 }
 
 // step applies op to s with a definite outcome, reporting whether that is
@@ -28,7 +30,19 @@ func step(s lockState, op Op, out Outcome) (lockState, bool) {
 		if op.Token <= s.last {
 			return s, false
 		}
-		return lockState{holder: op.Token, last: op.Token}, true
+		return lockState{holder: op.Token, last: op.Token, mark: s.mark}, true
+	case ValidateResource:
+		// Valid only for the holder at or above the mark, which it
+		// advances; refused otherwise (superseded, not held, fenced).
+		ok := s.holder == op.Token && op.Token >= s.mark
+		if out == OK {
+			if !ok {
+				return s, false
+			}
+			s.mark = op.Token
+			return s, true
+		}
+		return s, !ok
 	case Validate:
 		if out == OK {
 			return s, s.holder == op.Token
@@ -44,7 +58,7 @@ func step(s lockState, op Op, out Outcome) (lockState, bool) {
 			if s.holder != op.Token {
 				return s, false
 			}
-			return lockState{last: s.last}, true
+			return lockState{last: s.last, mark: s.mark}, true
 		}
 		return s, s.holder != op.Token
 	case ReleaseOther:
@@ -74,7 +88,7 @@ func Model() porcupine.Model {
 			op := input.(Op)
 			starts := []lockState{s}
 			if s.holder != 0 {
-				starts = append(starts, lockState{last: s.last})
+				starts = append(starts, lockState{last: s.last, mark: s.mark})
 			}
 			outs := []Outcome{op.Outcome}
 			if op.Outcome == Ambiguous {
@@ -96,7 +110,7 @@ func Model() porcupine.Model {
 		DescribeOperation: func(input, _ any) string { return input.(Op).String() },
 		DescribeState: func(state any) string {
 			s := state.(lockState)
-			return fmt.Sprintf("holder=%d last=%d", s.holder, s.last)
+			return fmt.Sprintf("holder=%d last=%d mark=%d", s.holder, s.last, s.mark)
 		},
 	}
 	return nm.ToModel()

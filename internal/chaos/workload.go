@@ -184,11 +184,25 @@ func (c *Client) AcquireID(ctx context.Context, rid string, tries int) (*coordin
 	return nil, out
 }
 
-// Validate is ValidateToken.
+// Validate is ValidateToken without a resource.
 func (c *Client) Validate(ctx context.Context, name string, token int64) (bool, error) {
+	return c.validate(ctx, Validate, name, token)
+}
+
+// ValidateResource is ValidateToken with the resource "res/"+name, whose
+// high-water mark the coordinator keeps.
+func (c *Client) ValidateResource(ctx context.Context, name string, token int64) (bool, error) {
+	return c.validate(ctx, ValidateResource, name, token)
+}
+
+func (c *Client) validate(ctx context.Context, kind Kind, name string, token int64) (bool, error) {
 	var verr error
-	_, out := c.call(ctx, Validate, token, func(cctx context.Context) (int64, Outcome, error) {
-		r, err := c.LC().ValidateToken(cctx, &coordinatorv1.ValidateTokenRequest{Name: name, Token: token})
+	_, out := c.call(ctx, kind, token, func(cctx context.Context) (int64, Outcome, error) {
+		req := &coordinatorv1.ValidateTokenRequest{Name: name, Token: token}
+		if kind == ValidateResource {
+			req.Resource = "res/" + name
+		}
+		r, err := c.LC().ValidateToken(cctx, req)
 		if err != nil {
 			verr = err
 			return 0, 0, err
@@ -228,9 +242,11 @@ func (c *Client) Release(ctx context.Context, kind Kind, token int64, handle str
 // Write writes to the register with token (validated through the client's
 // replica); stale marks a paused holder's write.
 func (c *Client) Write(ctx context.Context, token int64, stale bool) bool {
-	return c.w.Reg.Write(ctx, c.id, c.name, token, stale, func(ctx context.Context, name string, token int64) (bool, error) {
-		return c.Validate(ctx, name, token)
-	})
+	validate := c.Validate
+	if c.rng.IntN(2) == 0 {
+		validate = c.ValidateResource // half the writes use the coordinator's own mark too
+	}
+	return c.w.Reg.Write(ctx, c.id, c.name, token, stale, validate)
 }
 
 func sleep(ctx context.Context, d time.Duration) {
