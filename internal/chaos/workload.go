@@ -40,9 +40,13 @@ type Workload struct {
 	Reg *Register
 
 	paused atomic.Int64
+	once   sync.Once
 }
 
-func (w *Workload) defaults() {
+// defaults fills the unset fields, once (Run and Client may race to it).
+func (w *Workload) defaults() { w.once.Do(w.setDefaults) }
+
+func (w *Workload) setDefaults() {
 	if w.TTL == 0 {
 		w.TTL = 2 * time.Second
 	}
