@@ -683,7 +683,13 @@ func (m *Manager) watchOwn(ctx context.Context, a *attempt, markLost func(), cre
 		case wr, ok := <-wch:
 			if !ok || wr.Canceled {
 				if first {
-					created <- fmt.Errorf("watch of own queue entry closed: %v", wr.Err())
+					// %w keeps etcd's error (no leader, ...) visible to
+					// classify: UNAVAILABLE, not INTERNAL.
+					err := wr.Err()
+					if err == nil {
+						err = rpctypes.ErrTimeoutDueToConnectionLost
+					}
+					created <- fmt.Errorf("watch of own queue entry closed: %w", err)
 				}
 				return // the keepalive loop still detects a lost lease
 			}
