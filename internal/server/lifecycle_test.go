@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/lease"
 )
 
 type holdStream = coordinatorv1.LockService_HoldClient
@@ -511,5 +512,20 @@ func TestWatch(t *testing.T) {
 		if r.Kind != got[i].Kind || r.Revision != got[i].Revision || r.Holder.GetToken() != got[i].Holder.GetToken() {
 			t.Fatalf("resumed event %d = %v, want %v", i, r, got[i])
 		}
+	}
+}
+
+// A grant that ends before its Hold stream starts watching is still
+// reported with the right reason.
+func TestHoldReportsAnEndThatHappenedBeforeItWatched(t *testing.T) {
+	e := newEnv(t)
+	g := e.acquire("early", 30*time.Second)
+	if r, err := e.lc.ForceRelease(ctxT(t, 5*time.Second), &coordinatorv1.ForceReleaseRequest{Name: "early", Token: g.Token}); err != nil || !r.Released {
+		t.Fatalf("ForceRelease: %v %v", r, err)
+	}
+	// Resume is refused (the grant is gone), so use the domain directly.
+	reason, err := e.mgr.AwaitEnd(ctxT(t, 5*time.Second), "early", g.Token, g.Handle)
+	if err != nil || reason != lease.EndForced {
+		t.Fatalf("AwaitEnd after the end = %v, %v; want force-released", reason, err)
 	}
 }
