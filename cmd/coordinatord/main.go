@@ -73,6 +73,8 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs.StringVar(&cfg.DataDir, "data-dir", env("DATA_DIR", "coordinatord-data"), "data directory of the embedded etcd (env COORDINATORD_DATA_DIR)")
 	fs.DurationVar(&cfg.DefaultTTL, "default-ttl", envDuration("DEFAULT_TTL", 15*time.Second), "lease TTL when a request asks for none (env COORDINATORD_DEFAULT_TTL)")
 	fs.DurationVar(&cfg.MaxTTL, "max-ttl", envDuration("MAX_TTL", 5*time.Minute), "largest lease TTL a request may ask for (env COORDINATORD_MAX_TTL)")
+	fs.DurationVar(&cfg.MaxHold, "max-hold", envDuration("MAX_HOLD", time.Hour), "longest a grant may be renewed; requests may ask for less (env COORDINATORD_MAX_HOLD)")
+	fs.DurationVar(&cfg.MaxLockDelay, "max-lock-delay", envDuration("MAX_LOCK_DELAY", time.Minute), "largest lock-delay a request may ask for (env COORDINATORD_MAX_LOCK_DELAY)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", envDuration("SHUTDOWN_TIMEOUT", 10*time.Second), "bound on the graceful stop (env COORDINATORD_SHUTDOWN_TIMEOUT)")
 	fs.StringVar(&level, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env COORDINATORD_LOG_LEVEL)")
 	fs.StringVar(&format, "log-format", env("LOG_FORMAT", "json"), "json or text (env COORDINATORD_LOG_FORMAT)")
@@ -105,6 +107,10 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		return cfg, nil, fmt.Errorf("-max-ttl %v: must be at least 1s", cfg.MaxTTL)
 	case cfg.DefaultTTL < time.Second || cfg.DefaultTTL > cfg.MaxTTL:
 		return cfg, nil, fmt.Errorf("-default-ttl %v: must be between 1s and -max-ttl (%v)", cfg.DefaultTTL, cfg.MaxTTL)
+	case cfg.MaxHold <= 0:
+		return cfg, nil, fmt.Errorf("-max-hold %v: must be positive", cfg.MaxHold)
+	case cfg.MaxLockDelay < 0:
+		return cfg, nil, fmt.Errorf("-max-lock-delay %v: must not be negative", cfg.MaxLockDelay)
 	case cfg.ShutdownTimeout <= 0:
 		return cfg, nil, fmt.Errorf("-shutdown-timeout %v: must be positive", cfg.ShutdownTimeout)
 	}

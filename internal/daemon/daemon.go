@@ -34,6 +34,12 @@ type Config struct {
 	DataDir string
 	// DefaultTTL and MaxTTL bound lease TTLs.
 	DefaultTTL, MaxTTL time.Duration
+	// MaxHold caps how long a grant may be renewed (zero: the lease
+	// package's default, 1h).
+	MaxHold time.Duration
+	// MaxLockDelay caps the lock-delay an acquisition may ask for; zero
+	// allows none.
+	MaxLockDelay time.Duration
 	// ShutdownTimeout bounds the graceful stop; then in-flight calls are cut.
 	ShutdownTimeout time.Duration
 	// Logger receives the structured logs.
@@ -78,8 +84,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("etcd at %v is not reachable: %w; check --etcd-endpoints and that the cluster has quorum", endpoints, err)
 	}
 
-	mgr, err := lease.New(cli, lease.WithKeyPrefix(cfg.KeyPrefix), lease.WithDefaultTTL(cfg.DefaultTTL),
-		lease.WithMaxTTL(cfg.MaxTTL), lease.WithLogger(log))
+	opts := []lease.Option{lease.WithKeyPrefix(cfg.KeyPrefix), lease.WithDefaultTTL(cfg.DefaultTTL),
+		lease.WithMaxTTL(cfg.MaxTTL), lease.WithLogger(log)}
+	if cfg.MaxHold > 0 {
+		opts = append(opts, lease.WithMaxHoldCap(cfg.MaxHold))
+	}
+	opts = append(opts, lease.WithLockDelayCap(cfg.MaxLockDelay))
+	mgr, err := lease.New(cli, opts...)
 	if err != nil {
 		return err
 	}

@@ -1,9 +1,12 @@
 // Package fence validates fencing tokens against the current holder of a
-// lock, linearizably, so that a protected resource can refuse stale writes.
+// lock, linearizably, and keeps per-resource high-water marks so that a
+// protected resource can refuse stale writes.
 package fence
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -22,6 +25,9 @@ const (
 	// NotHeld: nobody holds the lock with this token (released or expired
 	// with nobody newer holding yet, or never issued).
 	NotHeld
+	// Fenced: the resource has accepted a greater token; this one is
+	// refused forever.
+	Fenced
 )
 
 func (r Reason) String() string {
@@ -32,9 +38,28 @@ func (r Reason) String() string {
 		return "superseded"
 	case NotHeld:
 		return "not held"
+	case Fenced:
+		return "fenced"
 	}
 	return "unknown"
 }
+
+// ErrNoMark: the resource has no high-water mark (no token was ever
+// validated for it).
+var ErrNoMark = errors.New("fence: no high-water mark for this resource: no token has been validated for it yet")
+
+// errConflict: the optimistic transaction lost every retry to concurrent
+// writers of the same mark or queue.
+var errConflict = errors.New("fence: too much contention on the resource's high-water mark")
+
+// testHookBeforeAdvance, if set, runs between the read and the transaction
+// that advances a mark (tests change the lock's holder there).
+var testHookBeforeAdvance func()
+
+// maxAttempts bounds the optimistic retries of one validation. A conflict
+// needs a concurrent change of the holder or of the mark, and only the
+// current holder's token advances a mark, so a few attempts suffice.
+const maxAttempts = 16
 
 // Verdict is the answer to Validate.
 type Verdict struct {
@@ -42,46 +67,152 @@ type Verdict struct {
 	Reason Reason
 	// CurrentToken is the current holder's token, 0 when the lock is free.
 	CurrentToken int64
+	// Mark is the resource's high-water mark after the call, 0 without a
+	// resource or when the resource has none.
+	Mark int64
 }
 
 // Validator checks tokens against etcd.
 type Validator struct {
-	cli *clientv3.Client
-	ks  lease.Keyspace
+	cli   *clientv3.Client
+	ks    lease.Keyspace
+	reads reads
 }
 
-// New returns a Validator for the locks laid out by ks.
+// New returns a Validator for the locks laid out by ks; marks live under
+// ks.Prefix()+"fence/".
 func New(cli *clientv3.Client, ks lease.Keyspace) *Validator {
-	return &Validator{cli: cli, ks: ks}
+	return &Validator{cli: cli, ks: ks, reads: reads{cli: cli}}
 }
 
 // Validate tells whether token is the current holder's token for name. The
 // read is linearizable: Valid means the token was current at some instant
 // during the call. A stale token is not an error.
-func (v *Validator) Validate(ctx context.Context, name string, token int64) (Verdict, error) {
+//
+// With a resource (non-empty), the token must also be at or above the
+// resource's high-water mark; a valid answer advances the mark to the token,
+// in the same etcd transaction that asserts the token is still the holder's.
+// A token below the mark answers Fenced, whatever the lock's state.
+func (v *Validator) Validate(ctx context.Context, name string, token int64, resource string) (Verdict, error) {
 	if err := lease.ValidateName("name", name, false); err != nil {
 		return Verdict{}, err
 	}
 	if err := lease.ValidateToken(token); err != nil {
 		return Verdict{}, err
 	}
-	r, err := v.cli.Get(ctx, v.ks.Queue(name), append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...)
-	if err != nil {
-		if ctx.Err() != nil {
-			return Verdict{}, ctx.Err()
+	if resource == "" {
+		return v.validate(ctx, name, token)
+	}
+	if err := lease.ValidateName("resource", resource, false); err != nil {
+		return Verdict{}, err
+	}
+	for range maxAttempts {
+		verdict, done, err := v.validateAt(ctx, name, token, resource)
+		if err != nil || done {
+			return verdict, err
 		}
-		return Verdict{}, lease.Classify("fence: validate", err)
 	}
-	if len(r.Kvs) == 0 {
-		return Verdict{Reason: NotHeld}, nil
+	return Verdict{}, fmt.Errorf("%w: %w (resource %q); retry", lease.ErrUnavailable, errConflict, resource)
+}
+
+func (v *Validator) validate(ctx context.Context, name string, token int64) (Verdict, error) {
+	r, err := v.reads.get(clientv3.OpGet(v.ks.Queue(name), append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...))
+	if err == nil && ctx.Err() != nil {
+		err = ctx.Err()
 	}
-	cur := r.Kvs[0].CreateRevision
+	if err != nil {
+		return Verdict{}, v.etcdErr(ctx, "validate", err)
+	}
+	var cur int64
+	if len(r.Kvs) > 0 {
+		cur = r.Kvs[0].CreateRevision
+	}
+	return judge(token, cur, 0), nil
+}
+
+// judge is the verdict for token given the holder's token cur (0: free) and
+// the resource's mark (0: none).
+func judge(token, cur, mark int64) Verdict {
 	switch {
+	case token < mark:
+		return Verdict{Reason: Fenced, CurrentToken: cur, Mark: mark}
+	case cur == 0:
+		return Verdict{Reason: NotHeld, Mark: mark}
 	case cur == token:
-		return Verdict{Valid: true, Reason: Current, CurrentToken: cur}, nil
+		return Verdict{Valid: true, Reason: Current, CurrentToken: cur, Mark: mark}
 	case cur > token:
-		return Verdict{Reason: Superseded, CurrentToken: cur}, nil
+		return Verdict{Reason: Superseded, CurrentToken: cur, Mark: mark}
 	default:
-		return Verdict{Reason: NotHeld, CurrentToken: cur}, nil
+		return Verdict{Reason: NotHeld, CurrentToken: cur, Mark: mark}
 	}
+}
+
+// validateAt is one optimistic attempt: read the holder and the mark at one
+// revision, then, for a valid token above the mark, advance the mark in a
+// transaction that asserts nothing changed. done is false when the
+// transaction lost a race and the caller should try again.
+func (v *Validator) validateAt(ctx context.Context, name string, token int64, resource string) (Verdict, bool, error) {
+	queue := v.ks.Queue(name)
+	markKey := v.markKey(resource)
+	// A read-only transaction: both reads at one linearizable revision.
+	r, err := v.cli.Txn(ctx).Then(
+		clientv3.OpGet(queue, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...),
+		clientv3.OpGet(markKey),
+	).Commit()
+	if err != nil {
+		return Verdict{}, false, v.etcdErr(ctx, "validate", err)
+	}
+	var (
+		cur       int64
+		holderKey string
+	)
+	if kvs := r.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		cur, holderKey = kvs[0].CreateRevision, string(kvs[0].Key)
+	}
+	var (
+		m      Mark
+		markMR int64 // the mark key's mod revision; 0: no mark yet
+	)
+	if kvs := r.Responses[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		m = decodeMark(resource, kvs[0])
+		markMR = kvs[0].ModRevision
+	}
+	verdict := judge(token, cur, m.Token)
+	if !verdict.Valid || token == m.Token {
+		// Refused, or the same holder again: the read alone is the answer
+		// (both facts held at revision r.Header.Revision).
+		return verdict, true, nil
+	}
+	// Advance the mark only if, at commit, the holder's key still exists
+	// with create revision token (it was the lowest in the queue, and keys
+	// created later have higher revisions, so it still holds), every key in
+	// the queue is at or above token (redundant with the former, kept as a
+	// direct statement of "token holds"; an empty queue compares as 0 and
+	// fails), and nobody moved the mark. The holder compare is the one that
+	// matters: the range compare alone accepts a released token once only
+	// newer keys remain (TestMarkNotAdvancedWhenHolderChangesMidway).
+	if testHookBeforeAdvance != nil {
+		testHookBeforeAdvance()
+	}
+	next := Mark{Resource: resource, Token: token, Lock: name}
+	tr, err := v.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(queue), ">", token-1).WithPrefix(),
+		clientv3.Compare(clientv3.CreateRevision(holderKey), "=", token),
+		clientv3.Compare(clientv3.ModRevision(markKey), "=", markMR),
+	).Then(clientv3.OpPut(markKey, next.encode())).Commit()
+	if err != nil {
+		return Verdict{}, false, v.etcdErr(ctx, "advance mark", err)
+	}
+	if !tr.Succeeded {
+		return Verdict{}, false, nil
+	}
+	verdict.Mark = token
+	return verdict, true, nil
+}
+
+func (v *Validator) etcdErr(ctx context.Context, op string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return lease.Classify("fence: "+op, err)
 }

@@ -15,6 +15,14 @@ var (
 	// ErrUnavailable: etcd is unreachable or has no quorum; the operation
 	// may be retried.
 	ErrUnavailable = errors.New("lease: etcd unavailable")
+	// ErrMaxHold: renewal refused because the grant reached its max hold;
+	// the lease is left to end.
+	ErrMaxHold = errors.New("lease: renewal refused: the grant reached its max hold; finish up, let it expire (or release it) and acquire again")
+	// ErrLostWhileWaiting: the waiter's own lease ended (revoked, expired)
+	// while it was queued; it is never granted.
+	ErrLostWhileWaiting = errors.New("lease: the queue entry's lease ended while waiting (revoked or expired); acquire again")
+	// ErrSessionBusy: the session already holds or waits for this lock.
+	ErrSessionBusy = errors.New("lease: this session already holds or waits for this lock")
 	// ErrShuttingDown: the manager is closing; retry on another replica.
 	ErrShuttingDown = errors.New("lease: coordinator shutting down; retry on another replica")
 )

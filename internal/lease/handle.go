@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -23,6 +24,19 @@ const (
 func newHandle(id clientv3.LeaseID) (handle string, sum []byte) {
 	secret := make([]byte, secretLen)
 	_, _ = rand.Read(secret) // crypto/rand.Read never fails (Go 1.24+)
+	return formatHandle(id, secret)
+}
+
+// derivedHandle is the handle of an acquisition with a request id: its
+// secret is an HMAC keyed by the id, so a retry with the same id (on any
+// replica) can return the same handle while etcd stores only hashes.
+func derivedHandle(id clientv3.LeaseID, requestID, name string) (handle string, sum []byte) {
+	mac := hmac.New(sha256.New, []byte(requestID))
+	fmt.Fprintf(mac, "coordinatord/handle/v1\x00%s\x00%016x", name, uint64(id))
+	return formatHandle(id, mac.Sum(nil)[:secretLen])
+}
+
+func formatHandle(id clientv3.LeaseID, secret []byte) (string, []byte) {
 	h := sha256.Sum256(secret)
 	return fmt.Sprintf("%016x.%s", uint64(id), base64.RawURLEncoding.EncodeToString(secret)), h[:]
 }

@@ -10,6 +10,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
+	"go.uber.org/zap"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -64,7 +65,7 @@ func (e *env) start(opts ...lease.Option) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.cli, err = clientv3.New(clientv3.Config{Endpoints: e.etcd.Endpoints(), DialTimeout: 5 * time.Second})
+	e.cli, err = clientv3.New(clientv3.Config{Endpoints: e.etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,3 +229,47 @@ func fieldOf(err error) string {
 var errStop = errors.New("stop")
 
 func withMaxTTL(d time.Duration) lease.Option { return lease.WithMaxTTL(d) }
+
+// replica is a second coordinator on the same etcd, with its own etcd
+// client, lease manager and gRPC server.
+type replica struct {
+	cli  *clientv3.Client
+	mgr  *lease.Manager
+	gs   *grpc.Server
+	conn *grpc.ClientConn
+	lc   coordinatorv1.LockServiceClient
+}
+
+func (e *env) replica() *replica {
+	t := e.t
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := lease.New(cli, lease.WithKeyPrefix("/test/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, _ := server.NewGRPCServer(server.NewLockService(mgr, fence.New(cli, mgr.Keyspace()), nil), nil)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &replica{cli: cli, mgr: mgr, gs: gs, conn: conn, lc: coordinatorv1.NewLockServiceClient(conn)}
+	t.Cleanup(func() { r.crash() })
+	return r
+}
+
+// crash cuts the replica off etcd first (so it can clean nothing up), then
+// stops it.
+func (r *replica) crash() {
+	r.cli.Close()
+	r.gs.Stop()
+	r.conn.Close()
+	r.mgr.Close()
+}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 
+	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
 
@@ -38,8 +39,13 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 			Domain:   "coordinatord",
 			Metadata: map[string]string{"holder_token": strconv.FormatInt(ng.HolderToken, 10)},
 		})
-	case errors.Is(err, lease.ErrNotHeld):
+	case errors.Is(err, lease.ErrNotHeld), errors.Is(err, lease.ErrLostWhileWaiting), errors.Is(err, lease.ErrSessionNotFound),
+		errors.Is(err, fence.ErrNoMark):
 		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, lease.ErrMaxHold), errors.Is(err, lease.ErrSessionBusy):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, lease.ErrCompacted):
+		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, lease.ErrShuttingDown), errors.Is(err, lease.ErrUnavailable):
 		return status.Error(codes.Unavailable, err.Error()+"; safe to retry")
 	case errors.Is(err, context.DeadlineExceeded):

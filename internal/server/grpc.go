@@ -44,6 +44,7 @@ func NewGRPCServer(svc *LockService, log *slog.Logger, opts ...grpc.ServerOption
 	}, opts...)
 	gs := grpc.NewServer(all...)
 	coordinatorv1.RegisterLockServiceServer(gs, svc)
+	coordinatorv1.RegisterFenceServiceServer(gs, svc.FenceService())
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)

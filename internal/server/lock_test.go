@@ -392,3 +392,43 @@ func TestValidateReasons(t *testing.T) {
 	check("released, newer holder", a.Token, false, superseded, b.Token)
 	check("new holder", b.Token, true, current, b.Token)
 }
+
+// A cleanly released grant's lease is recycled for the next grant with the
+// same TTL; the old handle must stay useless against the new grant.
+func TestRecycledLeaseKeepsOldHandlesUseless(t *testing.T) {
+	e := newEnv(t)
+	old := e.acquire("rc", 20*time.Second)
+	if !e.release("rc", old.Token, old.Handle) {
+		t.Fatal("release answered false")
+	}
+	for _, name := range []string{"rc", "rc-other"} {
+		n := e.acquire(name, 20*time.Second)
+		if n.LeaseId != old.LeaseId {
+			t.Logf("lease not recycled for %q (%d vs %d)", name, n.LeaseId, old.LeaseId)
+		}
+		if e.release(name, old.Token, old.Handle) || e.release(name, n.Token, old.Handle) {
+			t.Fatalf("the old handle released the new grant of %q", name)
+		}
+		_, err := e.lc.KeepAlive(ctxT(t, 5*time.Second), &coordinatorv1.KeepAliveRequest{Name: name, Token: n.Token, Handle: old.Handle})
+		if code(err) != codes.NotFound {
+			t.Fatalf("KeepAlive of the new grant with the old handle: %v, want NOT_FOUND", err)
+		}
+		if v := e.validate(name, n.Token); !v.Valid {
+			t.Fatalf("new grant of %q invalid: %v", name, v)
+		}
+		if !e.release(name, n.Token, n.Handle) {
+			t.Fatal("release of the new grant answered false")
+		}
+		old = n
+	}
+	// The pool is used: the second acquisition reused the first lease.
+	a := e.acquire("rc2", 7*time.Second)
+	e.release("rc2", a.Token, a.Handle)
+	b := e.acquire("rc2", 7*time.Second)
+	if b.LeaseId != a.LeaseId {
+		t.Fatalf("lease %d not recycled (got %d)", a.LeaseId, b.LeaseId)
+	}
+	if b.Ttl.AsDuration() != 7*time.Second || time.Until(b.ExpiresAt.AsTime()) < 6*time.Second {
+		t.Fatalf("recycled lease not refreshed: ttl %v, expires in %v", b.Ttl.AsDuration(), time.Until(b.ExpiresAt.AsTime()))
+	}
+}

@@ -58,32 +58,58 @@ func timestamp(t time.Time) *timestamppb.Timestamp {
 // Acquire implements coordinatorv1.LockServiceServer.
 func (s *LockService) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest) (*coordinatorv1.AcquireResponse, error) {
 	const method = "Acquire"
-	ttl, err := duration("ttl", req.GetTtl())
+	opts, err := acquireOptions(req)
 	if err != nil {
 		return nil, s.fail(ctx, method, err)
-	}
-	wait, err := duration("wait", req.GetWait())
-	if err != nil {
-		return nil, s.fail(ctx, method, err)
-	}
-	opts := []lease.AcquireOption{lease.WithOwner(req.GetOwner())}
-	if ttl != nil {
-		opts = append(opts, lease.WithTTL(*ttl))
-	}
-	if wait != nil {
-		opts = append(opts, lease.WithWait(*wait))
 	}
 	g, err := s.leases.Acquire(ctx, req.GetName(), opts...)
 	if err != nil {
 		return nil, s.fail(ctx, method, err)
 	}
+	return grantPB(g), nil
+}
+
+// acquireOptions converts an AcquireRequest's optional fields.
+func acquireOptions(req *coordinatorv1.AcquireRequest) ([]lease.AcquireOption, error) {
+	opts := []lease.AcquireOption{lease.WithOwner(req.GetOwner()), lease.WithRequestID(req.GetRequestId())}
+	for _, d := range []struct {
+		field string
+		v     *durationpb.Duration
+		opt   func(time.Duration) lease.AcquireOption
+	}{
+		{"ttl", req.GetTtl(), lease.WithTTL},
+		{"wait", req.GetWait(), lease.WithWait},
+		{"max_hold", req.GetMaxHold(), lease.WithMaxHold},
+		{"lock_delay", req.GetLockDelay(), lease.WithLockDelay},
+	} {
+		v, err := duration(d.field, d.v)
+		if err != nil {
+			return nil, err
+		}
+		if v != nil {
+			opts = append(opts, d.opt(*v))
+		}
+	}
+	if h := req.GetSessionHandle(); h != "" {
+		if req.GetTtl() != nil {
+			return nil, &lease.FieldError{Field: "ttl", Reason: "must be unset with session_handle: the session's TTL applies"}
+		}
+		opts = append(opts, lease.WithSession(h))
+	}
+	return opts, nil
+}
+
+func grantPB(g *lease.Grant) *coordinatorv1.AcquireResponse {
 	return &coordinatorv1.AcquireResponse{
-		Token:     g.Token,
-		Handle:    g.Handle,
-		LeaseId:   g.LeaseID,
-		Ttl:       durationpb.New(g.TTL),
-		ExpiresAt: timestamp(g.ExpiresAt),
-	}, nil
+		Token:      g.Token,
+		Handle:     g.Handle,
+		LeaseId:    g.LeaseID,
+		Ttl:        durationpb.New(g.TTL),
+		ExpiresAt:  timestamp(g.ExpiresAt),
+		SafeUntil:  timestamp(g.SafeUntil),
+		AcquiredAt: timestamp(g.AcquiredAt),
+		Resumed:    g.Resumed,
+	}
 }
 
 // Release implements coordinatorv1.LockServiceServer.
@@ -101,7 +127,11 @@ func (s *LockService) KeepAlive(ctx context.Context, req *coordinatorv1.KeepAliv
 	if err != nil {
 		return nil, s.fail(ctx, "KeepAlive", err)
 	}
-	return &coordinatorv1.KeepAliveResponse{Ttl: durationpb.New(r.TTL), ExpiresAt: timestamp(r.ExpiresAt)}, nil
+	return renewalPB(r), nil
+}
+
+func renewalPB(r *lease.Renewal) *coordinatorv1.KeepAliveResponse {
+	return &coordinatorv1.KeepAliveResponse{Ttl: durationpb.New(r.TTL), ExpiresAt: timestamp(r.ExpiresAt), SafeUntil: timestamp(r.SafeUntil)}
 }
 
 func holderPB(h *lease.Holder) *coordinatorv1.Holder {

@@ -11,11 +11,12 @@ var reasons = map[fence.Reason]coordinatorv1.ValidateTokenResponse_Reason{
 	fence.Current:    coordinatorv1.ValidateTokenResponse_REASON_CURRENT,
 	fence.Superseded: coordinatorv1.ValidateTokenResponse_REASON_SUPERSEDED,
 	fence.NotHeld:    coordinatorv1.ValidateTokenResponse_REASON_NOT_HELD,
+	fence.Fenced:     coordinatorv1.ValidateTokenResponse_REASON_FENCED,
 }
 
 // ValidateToken implements coordinatorv1.LockServiceServer.
 func (s *LockService) ValidateToken(ctx context.Context, req *coordinatorv1.ValidateTokenRequest) (*coordinatorv1.ValidateTokenResponse, error) {
-	v, err := s.fence.Validate(ctx, req.GetName(), req.GetToken())
+	v, err := s.fence.Validate(ctx, req.GetName(), req.GetToken(), req.GetResource())
 	if err != nil {
 		return nil, s.fail(ctx, "ValidateToken", err)
 	}

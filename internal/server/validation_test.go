@@ -85,6 +85,64 @@ func TestBadInputIsRefusedAndWritesNothing(t *testing.T) {
 			_ = r
 			return err
 		}, "page_token"},
+		{"acquire short request_id", acq(&coordinatorv1.AcquireRequest{Name: "n", RequestId: "abc"}), "request_id"},
+		{"acquire request_id with a space", acq(&coordinatorv1.AcquireRequest{Name: "n", RequestId: "0123456789 abcdef"}), "request_id"},
+		{"acquire zero max_hold", acq(&coordinatorv1.AcquireRequest{Name: "n", MaxHold: dur(0)}), "max_hold"},
+		{"acquire max_hold above cap", acq(&coordinatorv1.AcquireRequest{Name: "n", MaxHold: dur(48 * time.Hour)}), "max_hold"},
+		{"acquire negative lock_delay", acq(&coordinatorv1.AcquireRequest{Name: "n", LockDelay: dur(-time.Second)}), "lock_delay"},
+		{"acquire lock_delay above cap", acq(&coordinatorv1.AcquireRequest{Name: "n", LockDelay: dur(time.Hour)}), "lock_delay"},
+		{"acquire malformed session_handle", acq(&coordinatorv1.AcquireRequest{Name: "n", SessionHandle: "nope"}), "session_handle"},
+		{"acquire ttl with session_handle", acq(&coordinatorv1.AcquireRequest{Name: "n", SessionHandle: g.Handle, Ttl: dur(time.Second)}), "ttl"},
+		{"force release zero token", func(ctx context.Context) error {
+			_, err := e.lc.ForceRelease(ctx, &coordinatorv1.ForceReleaseRequest{Name: "ok"})
+			return err
+		}, "token"},
+		{"open session zero ttl", func(ctx context.Context) error {
+			_, err := e.lc.OpenSession(ctx, &coordinatorv1.OpenSessionRequest{Ttl: dur(0)})
+			return err
+		}, "ttl"},
+		{"open session huge ttl", func(ctx context.Context) error {
+			_, err := e.lc.OpenSession(ctx, &coordinatorv1.OpenSessionRequest{Ttl: dur(time.Hour)})
+			return err
+		}, "ttl"},
+		{"keepalive session malformed handle", func(ctx context.Context) error {
+			_, err := e.lc.KeepAliveSession(ctx, &coordinatorv1.KeepAliveSessionRequest{Handle: "x"})
+			return err
+		}, "handle"},
+		{"watch negative start_revision", func(ctx context.Context) error {
+			w, err := e.lc.Watch(ctx, &coordinatorv1.WatchRequest{Name: "ok", StartRevision: -1})
+			if err != nil {
+				return err
+			}
+			_, err = w.Recv()
+			return err
+		}, "start_revision"},
+		{"watch empty name", func(ctx context.Context) error {
+			w, err := e.lc.Watch(ctx, &coordinatorv1.WatchRequest{})
+			if err != nil {
+				return err
+			}
+			_, err = w.Recv()
+			return err
+		}, "name"},
+		{"hold starting with a heartbeat", func(ctx context.Context) error {
+			h, err := e.lc.Hold(ctx)
+			if err != nil {
+				return err
+			}
+			_ = h.Send(&coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Heartbeat{Heartbeat: &coordinatorv1.HoldHeartbeat{}}})
+			_, err = h.Recv()
+			return err
+		}, "kind"},
+		{"hold acquire with a bad name", func(ctx context.Context) error {
+			h, err := e.lc.Hold(ctx)
+			if err != nil {
+				return err
+			}
+			_ = h.Send(&coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Acquire{Acquire: &coordinatorv1.HoldAcquire{Request: &coordinatorv1.AcquireRequest{Name: ""}}}})
+			_, err = h.Recv()
+			return err
+		}, "name"},
 		{"acquire invalid UTF-8 name (raw wire)", rawCall(e, "Acquire", 1), "name"},
 		{"acquire invalid UTF-8 owner (raw wire)", rawCall(e, "Acquire", 4), "owner"},
 		{"validate invalid UTF-8 name (raw wire)", rawCall(e, "ValidateToken", 1), "name"},

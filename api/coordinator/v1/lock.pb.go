@@ -95,6 +95,133 @@ func (ValidateTokenResponse_Reason) EnumDescriptor() ([]byte, []int) {
 	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{7, 0}
 }
 
+// How a grant was lost.
+type HoldLost_Reason int32
+
+const (
+	// Never sent.
+	HoldLost_REASON_UNSPECIFIED HoldLost_Reason = 0
+	// The lease expired: no renewal in time.
+	HoldLost_REASON_EXPIRED HoldLost_Reason = 1
+	// An operator called ForceRelease.
+	HoldLost_REASON_FORCE_RELEASED HoldLost_Reason = 2
+	// Released with the handle through another connection.
+	HoldLost_REASON_RELEASED_ELSEWHERE HoldLost_Reason = 3
+	// A heartbeat was refused at max_hold; the lease was left to end (the
+	// lock is still held until expires_at, but can no longer be renewed).
+	HoldLost_REASON_MAX_HOLD HoldLost_Reason = 4
+)
+
+// Enum value maps for HoldLost_Reason.
+var (
+	HoldLost_Reason_name = map[int32]string{
+		0: "REASON_UNSPECIFIED",
+		1: "REASON_EXPIRED",
+		2: "REASON_FORCE_RELEASED",
+		3: "REASON_RELEASED_ELSEWHERE",
+		4: "REASON_MAX_HOLD",
+	}
+	HoldLost_Reason_value = map[string]int32{
+		"REASON_UNSPECIFIED":        0,
+		"REASON_EXPIRED":            1,
+		"REASON_FORCE_RELEASED":     2,
+		"REASON_RELEASED_ELSEWHERE": 3,
+		"REASON_MAX_HOLD":           4,
+	}
+)
+
+func (x HoldLost_Reason) Enum() *HoldLost_Reason {
+	p := new(HoldLost_Reason)
+	*p = x
+	return p
+}
+
+func (x HoldLost_Reason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (HoldLost_Reason) Descriptor() protoreflect.EnumDescriptor {
+	return file_coordinator_v1_lock_proto_enumTypes[1].Descriptor()
+}
+
+func (HoldLost_Reason) Type() protoreflect.EnumType {
+	return &file_coordinator_v1_lock_proto_enumTypes[1]
+}
+
+func (x HoldLost_Reason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use HoldLost_Reason.Descriptor instead.
+func (HoldLost_Reason) EnumDescriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{20, 0}
+}
+
+// What happened.
+type WatchResponse_Kind int32
+
+const (
+	// Never sent.
+	WatchResponse_KIND_UNSPECIFIED WatchResponse_Kind = 0
+	// The state when the watch started (holder may be unset: free).
+	WatchResponse_KIND_CURRENT WatchResponse_Kind = 1
+	// A new holder was granted.
+	WatchResponse_KIND_ACQUIRED WatchResponse_Kind = 2
+	// The holder released the lock.
+	WatchResponse_KIND_RELEASED WatchResponse_Kind = 3
+	// The holder's lease expired.
+	WatchResponse_KIND_EXPIRED WatchResponse_Kind = 4
+	// An operator force-released the holder.
+	WatchResponse_KIND_FORCE_RELEASED WatchResponse_Kind = 5
+)
+
+// Enum value maps for WatchResponse_Kind.
+var (
+	WatchResponse_Kind_name = map[int32]string{
+		0: "KIND_UNSPECIFIED",
+		1: "KIND_CURRENT",
+		2: "KIND_ACQUIRED",
+		3: "KIND_RELEASED",
+		4: "KIND_EXPIRED",
+		5: "KIND_FORCE_RELEASED",
+	}
+	WatchResponse_Kind_value = map[string]int32{
+		"KIND_UNSPECIFIED":    0,
+		"KIND_CURRENT":        1,
+		"KIND_ACQUIRED":       2,
+		"KIND_RELEASED":       3,
+		"KIND_EXPIRED":        4,
+		"KIND_FORCE_RELEASED": 5,
+	}
+)
+
+func (x WatchResponse_Kind) Enum() *WatchResponse_Kind {
+	p := new(WatchResponse_Kind)
+	*p = x
+	return p
+}
+
+func (x WatchResponse_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (WatchResponse_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_coordinator_v1_lock_proto_enumTypes[2].Descriptor()
+}
+
+func (WatchResponse_Kind) Type() protoreflect.EnumType {
+	return &file_coordinator_v1_lock_proto_enumTypes[2]
+}
+
+func (x WatchResponse_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use WatchResponse_Kind.Descriptor instead.
+func (WatchResponse_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{22, 0}
+}
+
 // AcquireRequest asks for the lock `name`.
 type AcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -125,7 +252,25 @@ type AcquireRequest struct {
 	// (same token and handle) if it was granted and still lives, or takes the
 	// same queue position if it is still waiting; it never creates a second
 	// grant or waiter. The record lives no longer than the acquisition's lease.
-	RequestId     string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Bounded renewal: KeepAlive (and heartbeats on a Hold stream) past
+	// acquired_at + max_hold are refused with FAILED_PRECONDITION and the lease
+	// is left to end. Unset: the server's cap (--max-hold, 1h out of the box);
+	// larger than the cap, zero or negative: INVALID_ARGUMENT.
+	MaxHold *durationpb.Duration `protobuf:"bytes,6,opt,name=max_hold,json=maxHold,proto3" json:"max_hold,omitempty"`
+	// Lock-delay (Chubby, Consul): if this grant ends involuntarily (expiry or
+	// ForceRelease), the lock is not granted to anyone for this long after.
+	// A clean Release never delays. Unset or zero: no delay. At most the
+	// server's --max-lock-delay (1m out of the box); negative: INVALID_ARGUMENT.
+	// Whole seconds (rounded up). Not supported with session_handle.
+	LockDelay *durationpb.Duration `protobuf:"bytes,7,opt,name=lock_delay,json=lockDelay,proto3" json:"lock_delay,omitempty"`
+	// Attach the lock to a session (the handle OpenSession returned): the
+	// queue key lives on the session's lease, so one KeepAliveSession renews
+	// every lock of the session, and losing or closing the session ends them
+	// all. `ttl` and `request_id` must be unset then. The grant's handle is
+	// the session handle. A session holds or waits for a lock at most once:
+	// a second Acquire of the same name answers FAILED_PRECONDITION.
+	SessionHandle string `protobuf:"bytes,8,opt,name=session_handle,json=sessionHandle,proto3" json:"session_handle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -195,6 +340,27 @@ func (x *AcquireRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *AcquireRequest) GetMaxHold() *durationpb.Duration {
+	if x != nil {
+		return x.MaxHold
+	}
+	return nil
+}
+
+func (x *AcquireRequest) GetLockDelay() *durationpb.Duration {
+	if x != nil {
+		return x.LockDelay
+	}
+	return nil
+}
+
+func (x *AcquireRequest) GetSessionHandle() string {
+	if x != nil {
+		return x.SessionHandle
+	}
+	return ""
+}
+
 // AcquireResponse is a grant.
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -215,7 +381,16 @@ type AcquireResponse struct {
 	// before the lease was granted or last refreshed, plus `ttl`. etcd decides
 	// expiry on its own clock and never earlier than this, but clients must
 	// stop work before it, with a margin for their own clock drift and pauses.
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// expires_at minus a safety margin of max(ttl/10, 500ms), at most ttl/2:
+	// the instant the holder must stop working unless a renewal succeeded
+	// before it. Budget your own clock drift on top if it can exceed that.
+	SafeUntil *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=safe_until,json=safeUntil,proto3" json:"safe_until,omitempty"`
+	// When the lock was granted (server clock).
+	AcquiredAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=acquired_at,json=acquiredAt,proto3" json:"acquired_at,omitempty"`
+	// True when this answers a retry (same request_id) of an acquisition that
+	// had already been granted: the same grant, its lease refreshed.
+	Resumed       bool `protobuf:"varint,8,opt,name=resumed,proto3" json:"resumed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -283,6 +458,27 @@ func (x *AcquireResponse) GetExpiresAt() *timestamppb.Timestamp {
 		return x.ExpiresAt
 	}
 	return nil
+}
+
+func (x *AcquireResponse) GetSafeUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SafeUntil
+	}
+	return nil
+}
+
+func (x *AcquireResponse) GetAcquiredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AcquiredAt
+	}
+	return nil
+}
+
+func (x *AcquireResponse) GetResumed() bool {
+	if x != nil {
+		return x.Resumed
+	}
+	return false
 }
 
 // ReleaseRequest gives a grant up.
@@ -467,7 +663,9 @@ type KeepAliveResponse struct {
 	// The lease TTL after renewal (a whole number of seconds).
 	Ttl *durationpb.Duration `protobuf:"bytes,1,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	// The server's estimate of the new expiry; see AcquireResponse.expires_at.
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// Stop working by then unless renewed again; see AcquireResponse.safe_until.
+	SafeUntil     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=safe_until,json=safeUntil,proto3" json:"safe_until,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -512,6 +710,13 @@ func (x *KeepAliveResponse) GetTtl() *durationpb.Duration {
 func (x *KeepAliveResponse) GetExpiresAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *KeepAliveResponse) GetSafeUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SafeUntil
 	}
 	return nil
 }
@@ -1009,25 +1214,1125 @@ func (x *ListResponse) GetNextPageToken() string {
 	return ""
 }
 
+// HoldRequest is a client message on a Hold stream.
+type HoldRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one.
+	//
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*HoldRequest_Acquire
+	//	*HoldRequest_Resume
+	//	*HoldRequest_Heartbeat
+	//	*HoldRequest_Release
+	Kind          isHoldRequest_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldRequest) Reset() {
+	*x = HoldRequest{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldRequest) ProtoMessage() {}
+
+func (x *HoldRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldRequest.ProtoReflect.Descriptor instead.
+func (*HoldRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *HoldRequest) GetKind() isHoldRequest_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *HoldRequest) GetAcquire() *HoldAcquire {
+	if x != nil {
+		if x, ok := x.Kind.(*HoldRequest_Acquire); ok {
+			return x.Acquire
+		}
+	}
+	return nil
+}
+
+func (x *HoldRequest) GetResume() *HoldResume {
+	if x != nil {
+		if x, ok := x.Kind.(*HoldRequest_Resume); ok {
+			return x.Resume
+		}
+	}
+	return nil
+}
+
+func (x *HoldRequest) GetHeartbeat() *HoldHeartbeat {
+	if x != nil {
+		if x, ok := x.Kind.(*HoldRequest_Heartbeat); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+func (x *HoldRequest) GetRelease() *HoldRelease {
+	if x != nil {
+		if x, ok := x.Kind.(*HoldRequest_Release); ok {
+			return x.Release
+		}
+	}
+	return nil
+}
+
+type isHoldRequest_Kind interface {
+	isHoldRequest_Kind()
+}
+
+type HoldRequest_Acquire struct {
+	// First message only: ask for the lock.
+	Acquire *HoldAcquire `protobuf:"bytes,1,opt,name=acquire,proto3,oneof"`
+}
+
+type HoldRequest_Resume struct {
+	// First message only: take over an existing grant.
+	Resume *HoldResume `protobuf:"bytes,2,opt,name=resume,proto3,oneof"`
+}
+
+type HoldRequest_Heartbeat struct {
+	// Renew the lease now; answered by `renewed` (or `lost`).
+	Heartbeat *HoldHeartbeat `protobuf:"bytes,3,opt,name=heartbeat,proto3,oneof"`
+}
+
+type HoldRequest_Release struct {
+	// Release the lock; answered by `released`, then the stream ends.
+	Release *HoldRelease `protobuf:"bytes,4,opt,name=release,proto3,oneof"`
+}
+
+func (*HoldRequest_Acquire) isHoldRequest_Kind() {}
+
+func (*HoldRequest_Resume) isHoldRequest_Kind() {}
+
+func (*HoldRequest_Heartbeat) isHoldRequest_Kind() {}
+
+func (*HoldRequest_Release) isHoldRequest_Kind() {}
+
+// HoldAcquire asks for a lock on a Hold stream.
+type HoldAcquire struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// As for Acquire; `wait` and the stream's deadline bound the wait.
+	Request *AcquireRequest `protobuf:"bytes,1,opt,name=request,proto3" json:"request,omitempty"`
+	// Release the lock if the stream breaks (client gone, replica gone)
+	// instead of leaving the lease to expire by its TTL. Use it only if
+	// losing the lock early on a network blip is acceptable.
+	ReleaseOnDisconnect bool `protobuf:"varint,2,opt,name=release_on_disconnect,json=releaseOnDisconnect,proto3" json:"release_on_disconnect,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *HoldAcquire) Reset() {
+	*x = HoldAcquire{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldAcquire) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldAcquire) ProtoMessage() {}
+
+func (x *HoldAcquire) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldAcquire.ProtoReflect.Descriptor instead.
+func (*HoldAcquire) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *HoldAcquire) GetRequest() *AcquireRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *HoldAcquire) GetReleaseOnDisconnect() bool {
+	if x != nil {
+		return x.ReleaseOnDisconnect
+	}
+	return false
+}
+
+// HoldResume takes over a grant on a new stream (any replica).
+type HoldResume struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The grant's lock name. Required.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The grant's token. Required; must be positive.
+	Token int64 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	// The grant's handle. Required.
+	Handle string `protobuf:"bytes,3,opt,name=handle,proto3" json:"handle,omitempty"`
+	// See HoldAcquire.release_on_disconnect.
+	ReleaseOnDisconnect bool `protobuf:"varint,4,opt,name=release_on_disconnect,json=releaseOnDisconnect,proto3" json:"release_on_disconnect,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *HoldResume) Reset() {
+	*x = HoldResume{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldResume) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldResume) ProtoMessage() {}
+
+func (x *HoldResume) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldResume.ProtoReflect.Descriptor instead.
+func (*HoldResume) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *HoldResume) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *HoldResume) GetToken() int64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *HoldResume) GetHandle() string {
+	if x != nil {
+		return x.Handle
+	}
+	return ""
+}
+
+func (x *HoldResume) GetReleaseOnDisconnect() bool {
+	if x != nil {
+		return x.ReleaseOnDisconnect
+	}
+	return false
+}
+
+// HoldHeartbeat renews the lease.
+type HoldHeartbeat struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldHeartbeat) Reset() {
+	*x = HoldHeartbeat{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldHeartbeat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldHeartbeat) ProtoMessage() {}
+
+func (x *HoldHeartbeat) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldHeartbeat.ProtoReflect.Descriptor instead.
+func (*HoldHeartbeat) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{17}
+}
+
+// HoldRelease releases the lock.
+type HoldRelease struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldRelease) Reset() {
+	*x = HoldRelease{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldRelease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldRelease) ProtoMessage() {}
+
+func (x *HoldRelease) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldRelease.ProtoReflect.Descriptor instead.
+func (*HoldRelease) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{18}
+}
+
+// HoldResponse is a server event on a Hold stream.
+type HoldResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Exactly one.
+	//
+	// Types that are valid to be assigned to Event:
+	//
+	//	*HoldResponse_Granted
+	//	*HoldResponse_Renewed
+	//	*HoldResponse_Lost
+	//	*HoldResponse_Released
+	Event         isHoldResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldResponse) Reset() {
+	*x = HoldResponse{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldResponse) ProtoMessage() {}
+
+func (x *HoldResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldResponse.ProtoReflect.Descriptor instead.
+func (*HoldResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *HoldResponse) GetEvent() isHoldResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *HoldResponse) GetGranted() *AcquireResponse {
+	if x != nil {
+		if x, ok := x.Event.(*HoldResponse_Granted); ok {
+			return x.Granted
+		}
+	}
+	return nil
+}
+
+func (x *HoldResponse) GetRenewed() *KeepAliveResponse {
+	if x != nil {
+		if x, ok := x.Event.(*HoldResponse_Renewed); ok {
+			return x.Renewed
+		}
+	}
+	return nil
+}
+
+func (x *HoldResponse) GetLost() *HoldLost {
+	if x != nil {
+		if x, ok := x.Event.(*HoldResponse_Lost); ok {
+			return x.Lost
+		}
+	}
+	return nil
+}
+
+func (x *HoldResponse) GetReleased() *ReleaseResponse {
+	if x != nil {
+		if x, ok := x.Event.(*HoldResponse_Released); ok {
+			return x.Released
+		}
+	}
+	return nil
+}
+
+type isHoldResponse_Event interface {
+	isHoldResponse_Event()
+}
+
+type HoldResponse_Granted struct {
+	// The lock is held (after `acquire`, or confirming `resume`).
+	Granted *AcquireResponse `protobuf:"bytes,1,opt,name=granted,proto3,oneof"`
+}
+
+type HoldResponse_Renewed struct {
+	// A heartbeat renewed the lease.
+	Renewed *KeepAliveResponse `protobuf:"bytes,2,opt,name=renewed,proto3,oneof"`
+}
+
+type HoldResponse_Lost struct {
+	// The grant ended without this stream's release; the stream ends.
+	Lost *HoldLost `protobuf:"bytes,3,opt,name=lost,proto3,oneof"`
+}
+
+type HoldResponse_Released struct {
+	// Answer to `release`; the stream ends.
+	Released *ReleaseResponse `protobuf:"bytes,4,opt,name=released,proto3,oneof"`
+}
+
+func (*HoldResponse_Granted) isHoldResponse_Event() {}
+
+func (*HoldResponse_Renewed) isHoldResponse_Event() {}
+
+func (*HoldResponse_Lost) isHoldResponse_Event() {}
+
+func (*HoldResponse_Released) isHoldResponse_Event() {}
+
+// HoldLost says why a grant was lost.
+type HoldLost struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Why.
+	Reason HoldLost_Reason `protobuf:"varint,1,opt,name=reason,proto3,enum=coordinator.v1.HoldLost_Reason" json:"reason,omitempty"`
+	// The grant's token.
+	Token int64 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	// Human-readable detail.
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldLost) Reset() {
+	*x = HoldLost{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldLost) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldLost) ProtoMessage() {}
+
+func (x *HoldLost) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldLost.ProtoReflect.Descriptor instead.
+func (*HoldLost) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *HoldLost) GetReason() HoldLost_Reason {
+	if x != nil {
+		return x.Reason
+	}
+	return HoldLost_REASON_UNSPECIFIED
+}
+
+func (x *HoldLost) GetToken() int64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *HoldLost) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// WatchRequest names the lock to watch.
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lock name. Required; same rules as Acquire.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Resume from this etcd revision (the last revision seen + 1). 0: start
+	// with the current state. Negative: INVALID_ARGUMENT.
+	StartRevision int64 `protobuf:"varint,2,opt,name=start_revision,json=startRevision,proto3" json:"start_revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *WatchRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetStartRevision() int64 {
+	if x != nil {
+		return x.StartRevision
+	}
+	return 0
+}
+
+// WatchResponse is one event of a Watch stream.
+type WatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What happened.
+	Kind WatchResponse_Kind `protobuf:"varint,1,opt,name=kind,proto3,enum=coordinator.v1.WatchResponse_Kind" json:"kind,omitempty"`
+	// The etcd revision of the change (or of the read, for KIND_CURRENT).
+	Revision int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The holder concerned: the new one for ACQUIRED and CURRENT (unset when
+	// free), the one that ended otherwise. acquired_at and expires_at unset.
+	Holder        *Holder `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *WatchResponse) GetKind() WatchResponse_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return WatchResponse_KIND_UNSPECIFIED
+}
+
+func (x *WatchResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *WatchResponse) GetHolder() *Holder {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+// ForceReleaseRequest names the grant to end.
+type ForceReleaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lock name. Required; same rules as Acquire.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The current holder's token (as Describe shows it). Required; positive.
+	Token         int64 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForceReleaseRequest) Reset() {
+	*x = ForceReleaseRequest{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForceReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForceReleaseRequest) ProtoMessage() {}
+
+func (x *ForceReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForceReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ForceReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ForceReleaseRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ForceReleaseRequest) GetToken() int64 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+// ForceReleaseResponse tells whether the grant was ended by this call.
+type ForceReleaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True if the grant was live and this call ended it.
+	Released      bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForceReleaseResponse) Reset() {
+	*x = ForceReleaseResponse{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForceReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForceReleaseResponse) ProtoMessage() {}
+
+func (x *ForceReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForceReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ForceReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ForceReleaseResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
+// OpenSessionRequest creates a session.
+type OpenSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session lease's TTL; same rules and default as AcquireRequest.ttl.
+	Ttl *durationpb.Duration `protobuf:"bytes,1,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// Describes the caller; same rules as AcquireRequest.owner.
+	Owner         string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenSessionRequest) Reset() {
+	*x = OpenSessionRequest{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenSessionRequest) ProtoMessage() {}
+
+func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenSessionRequest.ProtoReflect.Descriptor instead.
+func (*OpenSessionRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *OpenSessionRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *OpenSessionRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+// OpenSessionResponse is a new session.
+type OpenSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session's secret handle: pass it as AcquireRequest.session_handle,
+	// and to KeepAliveSession and CloseSession. It is also the handle of
+	// every grant held through the session.
+	Handle string `protobuf:"bytes,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	// The etcd lease ID of the session (informational).
+	LeaseId int64 `protobuf:"varint,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The TTL granted.
+	Ttl *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// See AcquireResponse.expires_at.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// See AcquireResponse.safe_until.
+	SafeUntil     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=safe_until,json=safeUntil,proto3" json:"safe_until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenSessionResponse) Reset() {
+	*x = OpenSessionResponse{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenSessionResponse) ProtoMessage() {}
+
+func (x *OpenSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenSessionResponse.ProtoReflect.Descriptor instead.
+func (*OpenSessionResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *OpenSessionResponse) GetHandle() string {
+	if x != nil {
+		return x.Handle
+	}
+	return ""
+}
+
+func (x *OpenSessionResponse) GetLeaseId() int64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *OpenSessionResponse) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *OpenSessionResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *OpenSessionResponse) GetSafeUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SafeUntil
+	}
+	return nil
+}
+
+// KeepAliveSessionRequest renews a session.
+type KeepAliveSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session handle. Required.
+	Handle        string `protobuf:"bytes,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepAliveSessionRequest) Reset() {
+	*x = KeepAliveSessionRequest{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepAliveSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepAliveSessionRequest) ProtoMessage() {}
+
+func (x *KeepAliveSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepAliveSessionRequest.ProtoReflect.Descriptor instead.
+func (*KeepAliveSessionRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *KeepAliveSessionRequest) GetHandle() string {
+	if x != nil {
+		return x.Handle
+	}
+	return ""
+}
+
+// KeepAliveSessionResponse is a renewed session.
+type KeepAliveSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The TTL after renewal.
+	Ttl *durationpb.Duration `protobuf:"bytes,1,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// See AcquireResponse.expires_at.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// See AcquireResponse.safe_until.
+	SafeUntil *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=safe_until,json=safeUntil,proto3" json:"safe_until,omitempty"`
+	// The locks held through the session now (granted, not waiting).
+	Holders       []*Holder `protobuf:"bytes,4,rep,name=holders,proto3" json:"holders,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepAliveSessionResponse) Reset() {
+	*x = KeepAliveSessionResponse{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepAliveSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepAliveSessionResponse) ProtoMessage() {}
+
+func (x *KeepAliveSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepAliveSessionResponse.ProtoReflect.Descriptor instead.
+func (*KeepAliveSessionResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *KeepAliveSessionResponse) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *KeepAliveSessionResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *KeepAliveSessionResponse) GetSafeUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SafeUntil
+	}
+	return nil
+}
+
+func (x *KeepAliveSessionResponse) GetHolders() []*Holder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+// CloseSessionRequest ends a session.
+type CloseSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The session handle. Required.
+	Handle        string `protobuf:"bytes,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseSessionRequest) Reset() {
+	*x = CloseSessionRequest{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseSessionRequest) ProtoMessage() {}
+
+func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
+func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *CloseSessionRequest) GetHandle() string {
+	if x != nil {
+		return x.Handle
+	}
+	return ""
+}
+
+// CloseSessionResponse reports what the close ended.
+type CloseSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True if the session was live and this call ended it.
+	Closed bool `protobuf:"varint,1,opt,name=closed,proto3" json:"closed,omitempty"`
+	// The locks that were held through the session and are now released.
+	Released      []*Holder `protobuf:"bytes,2,rep,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseSessionResponse) Reset() {
+	*x = CloseSessionResponse{}
+	mi := &file_coordinator_v1_lock_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseSessionResponse) ProtoMessage() {}
+
+func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_lock_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
+func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *CloseSessionResponse) GetClosed() bool {
+	if x != nil {
+		return x.Closed
+	}
+	return false
+}
+
+func (x *CloseSessionResponse) GetReleased() []*Holder {
+	if x != nil {
+		return x.Released
+	}
+	return nil
+}
+
 var File_coordinator_v1_lock_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_lock_proto_rawDesc = "" +
 	"\n" +
-	"\x19coordinator/v1/lock.proto\x12\x0ecoordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x01\n" +
+	"\x19coordinator/v1/lock.proto\x12\x0ecoordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x02\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12-\n" +
 	"\x04wait\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12\x14\n" +
 	"\x05owner\x18\x04 \x01(\tR\x05owner\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x05 \x01(\tR\trequestId\"\xc2\x01\n" +
+	"request_id\x18\x05 \x01(\tR\trequestId\x124\n" +
+	"\bmax_hold\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\amaxHold\x128\n" +
+	"\n" +
+	"lock_delay\x18\a \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\x12%\n" +
+	"\x0esession_handle\x18\b \x01(\tR\rsessionHandle\"\xd4\x02\n" +
 	"\x0fAcquireResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x03R\x05token\x12\x16\n" +
 	"\x06handle\x18\x02 \x01(\tR\x06handle\x12\x19\n" +
 	"\blease_id\x18\x03 \x01(\x03R\aleaseId\x12+\n" +
 	"\x03ttl\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x129\n" +
 	"\n" +
-	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"R\n" +
+	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x129\n" +
+	"\n" +
+	"safe_until\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tsafeUntil\x12;\n" +
+	"\vacquired_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"acquiredAt\x12\x18\n" +
+	"\aresumed\x18\b \x01(\bR\aresumed\"R\n" +
 	"\x0eReleaseRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x03R\x05token\x12\x16\n" +
@@ -1037,11 +2342,13 @@ const file_coordinator_v1_lock_proto_rawDesc = "" +
 	"\x10KeepAliveRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x03R\x05token\x12\x16\n" +
-	"\x06handle\x18\x03 \x01(\tR\x06handle\"{\n" +
+	"\x06handle\x18\x03 \x01(\tR\x06handle\"\xb6\x01\n" +
 	"\x11KeepAliveResponse\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x129\n" +
 	"\n" +
-	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\\\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x129\n" +
+	"\n" +
+	"safe_until\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tsafeUntil\"\\\n" +
 	"\x14ValidateTokenRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x03R\x05token\x12\x1a\n" +
@@ -1079,13 +2386,96 @@ const file_coordinator_v1_lock_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"h\n" +
 	"\fListResponse\x120\n" +
 	"\aholders\x18\x01 \x03(\v2\x16.coordinator.v1.HolderR\aholders\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xe7\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xfc\x01\n" +
+	"\vHoldRequest\x127\n" +
+	"\aacquire\x18\x01 \x01(\v2\x1b.coordinator.v1.HoldAcquireH\x00R\aacquire\x124\n" +
+	"\x06resume\x18\x02 \x01(\v2\x1a.coordinator.v1.HoldResumeH\x00R\x06resume\x12=\n" +
+	"\theartbeat\x18\x03 \x01(\v2\x1d.coordinator.v1.HoldHeartbeatH\x00R\theartbeat\x127\n" +
+	"\arelease\x18\x04 \x01(\v2\x1b.coordinator.v1.HoldReleaseH\x00R\areleaseB\x06\n" +
+	"\x04kind\"{\n" +
+	"\vHoldAcquire\x128\n" +
+	"\arequest\x18\x01 \x01(\v2\x1e.coordinator.v1.AcquireRequestR\arequest\x122\n" +
+	"\x15release_on_disconnect\x18\x02 \x01(\bR\x13releaseOnDisconnect\"\x82\x01\n" +
+	"\n" +
+	"HoldResume\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x03R\x05token\x12\x16\n" +
+	"\x06handle\x18\x03 \x01(\tR\x06handle\x122\n" +
+	"\x15release_on_disconnect\x18\x04 \x01(\bR\x13releaseOnDisconnect\"\x0f\n" +
+	"\rHoldHeartbeat\"\r\n" +
+	"\vHoldRelease\"\x82\x02\n" +
+	"\fHoldResponse\x12;\n" +
+	"\agranted\x18\x01 \x01(\v2\x1f.coordinator.v1.AcquireResponseH\x00R\agranted\x12=\n" +
+	"\arenewed\x18\x02 \x01(\v2!.coordinator.v1.KeepAliveResponseH\x00R\arenewed\x12.\n" +
+	"\x04lost\x18\x03 \x01(\v2\x18.coordinator.v1.HoldLostH\x00R\x04lost\x12=\n" +
+	"\breleased\x18\x04 \x01(\v2\x1f.coordinator.v1.ReleaseResponseH\x00R\breleasedB\a\n" +
+	"\x05event\"\xf9\x01\n" +
+	"\bHoldLost\x127\n" +
+	"\x06reason\x18\x01 \x01(\x0e2\x1f.coordinator.v1.HoldLost.ReasonR\x06reason\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x03R\x05token\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\x83\x01\n" +
+	"\x06Reason\x12\x16\n" +
+	"\x12REASON_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eREASON_EXPIRED\x10\x01\x12\x19\n" +
+	"\x15REASON_FORCE_RELEASED\x10\x02\x12\x1d\n" +
+	"\x19REASON_RELEASED_ELSEWHERE\x10\x03\x12\x13\n" +
+	"\x0fREASON_MAX_HOLD\x10\x04\"I\n" +
+	"\fWatchRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
+	"\x0estart_revision\x18\x02 \x01(\x03R\rstartRevision\"\x94\x02\n" +
+	"\rWatchResponse\x126\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\".coordinator.v1.WatchResponse.KindR\x04kind\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\x12.\n" +
+	"\x06holder\x18\x03 \x01(\v2\x16.coordinator.v1.HolderR\x06holder\"\x7f\n" +
+	"\x04Kind\x12\x14\n" +
+	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fKIND_CURRENT\x10\x01\x12\x11\n" +
+	"\rKIND_ACQUIRED\x10\x02\x12\x11\n" +
+	"\rKIND_RELEASED\x10\x03\x12\x10\n" +
+	"\fKIND_EXPIRED\x10\x04\x12\x17\n" +
+	"\x13KIND_FORCE_RELEASED\x10\x05\"?\n" +
+	"\x13ForceReleaseRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\x03R\x05token\"2\n" +
+	"\x14ForceReleaseResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\"W\n" +
+	"\x12OpenSessionRequest\x12+\n" +
+	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\"\xeb\x01\n" +
+	"\x13OpenSessionResponse\x12\x16\n" +
+	"\x06handle\x18\x01 \x01(\tR\x06handle\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\x03R\aleaseId\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x129\n" +
+	"\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x129\n" +
+	"\n" +
+	"safe_until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tsafeUntil\"1\n" +
+	"\x17KeepAliveSessionRequest\x12\x16\n" +
+	"\x06handle\x18\x01 \x01(\tR\x06handle\"\xef\x01\n" +
+	"\x18KeepAliveSessionResponse\x12+\n" +
+	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x129\n" +
+	"\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x129\n" +
+	"\n" +
+	"safe_until\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tsafeUntil\x120\n" +
+	"\aholders\x18\x04 \x03(\v2\x16.coordinator.v1.HolderR\aholders\"-\n" +
+	"\x13CloseSessionRequest\x12\x16\n" +
+	"\x06handle\x18\x01 \x01(\tR\x06handle\"b\n" +
+	"\x14CloseSessionResponse\x12\x16\n" +
+	"\x06closed\x18\x01 \x01(\bR\x06closed\x122\n" +
+	"\breleased\x18\x02 \x03(\v2\x16.coordinator.v1.HolderR\breleased2\xeb\a\n" +
 	"\vLockService\x12J\n" +
 	"\aAcquire\x12\x1e.coordinator.v1.AcquireRequest\x1a\x1f.coordinator.v1.AcquireResponse\x12J\n" +
 	"\aRelease\x12\x1e.coordinator.v1.ReleaseRequest\x1a\x1f.coordinator.v1.ReleaseResponse\x12P\n" +
 	"\tKeepAlive\x12 .coordinator.v1.KeepAliveRequest\x1a!.coordinator.v1.KeepAliveResponse\x12\\\n" +
 	"\rValidateToken\x12$.coordinator.v1.ValidateTokenRequest\x1a%.coordinator.v1.ValidateTokenResponse\x12M\n" +
-	"\bDescribe\x12\x1f.coordinator.v1.DescribeRequest\x1a .coordinator.v1.DescribeResponse\x12A\n" +
+	"\bDescribe\x12\x1f.coordinator.v1.DescribeRequest\x1a .coordinator.v1.DescribeResponse\x12E\n" +
+	"\x04Hold\x12\x1b.coordinator.v1.HoldRequest\x1a\x1c.coordinator.v1.HoldResponse(\x010\x01\x12F\n" +
+	"\x05Watch\x12\x1c.coordinator.v1.WatchRequest\x1a\x1d.coordinator.v1.WatchResponse0\x01\x12Y\n" +
+	"\fForceRelease\x12#.coordinator.v1.ForceReleaseRequest\x1a$.coordinator.v1.ForceReleaseResponse\x12V\n" +
+	"\vOpenSession\x12\".coordinator.v1.OpenSessionRequest\x1a#.coordinator.v1.OpenSessionResponse\x12e\n" +
+	"\x10KeepAliveSession\x12'.coordinator.v1.KeepAliveSessionRequest\x1a(.coordinator.v1.KeepAliveSessionResponse\x12Y\n" +
+	"\fCloseSession\x12#.coordinator.v1.CloseSessionRequest\x1a$.coordinator.v1.CloseSessionResponse\x12A\n" +
 	"\x04List\x12\x1b.coordinator.v1.ListRequest\x1a\x1c.coordinator.v1.ListResponseBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
 
 var (
@@ -1100,58 +2490,115 @@ func file_coordinator_v1_lock_proto_rawDescGZIP() []byte {
 	return file_coordinator_v1_lock_proto_rawDescData
 }
 
-var file_coordinator_v1_lock_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_coordinator_v1_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_coordinator_v1_lock_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_coordinator_v1_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_coordinator_v1_lock_proto_goTypes = []any{
 	(ValidateTokenResponse_Reason)(0), // 0: coordinator.v1.ValidateTokenResponse.Reason
-	(*AcquireRequest)(nil),            // 1: coordinator.v1.AcquireRequest
-	(*AcquireResponse)(nil),           // 2: coordinator.v1.AcquireResponse
-	(*ReleaseRequest)(nil),            // 3: coordinator.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),           // 4: coordinator.v1.ReleaseResponse
-	(*KeepAliveRequest)(nil),          // 5: coordinator.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),         // 6: coordinator.v1.KeepAliveResponse
-	(*ValidateTokenRequest)(nil),      // 7: coordinator.v1.ValidateTokenRequest
-	(*ValidateTokenResponse)(nil),     // 8: coordinator.v1.ValidateTokenResponse
-	(*DescribeRequest)(nil),           // 9: coordinator.v1.DescribeRequest
-	(*Holder)(nil),                    // 10: coordinator.v1.Holder
-	(*Waiter)(nil),                    // 11: coordinator.v1.Waiter
-	(*DescribeResponse)(nil),          // 12: coordinator.v1.DescribeResponse
-	(*ListRequest)(nil),               // 13: coordinator.v1.ListRequest
-	(*ListResponse)(nil),              // 14: coordinator.v1.ListResponse
-	(*durationpb.Duration)(nil),       // 15: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 16: google.protobuf.Timestamp
+	(HoldLost_Reason)(0),              // 1: coordinator.v1.HoldLost.Reason
+	(WatchResponse_Kind)(0),           // 2: coordinator.v1.WatchResponse.Kind
+	(*AcquireRequest)(nil),            // 3: coordinator.v1.AcquireRequest
+	(*AcquireResponse)(nil),           // 4: coordinator.v1.AcquireResponse
+	(*ReleaseRequest)(nil),            // 5: coordinator.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),           // 6: coordinator.v1.ReleaseResponse
+	(*KeepAliveRequest)(nil),          // 7: coordinator.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),         // 8: coordinator.v1.KeepAliveResponse
+	(*ValidateTokenRequest)(nil),      // 9: coordinator.v1.ValidateTokenRequest
+	(*ValidateTokenResponse)(nil),     // 10: coordinator.v1.ValidateTokenResponse
+	(*DescribeRequest)(nil),           // 11: coordinator.v1.DescribeRequest
+	(*Holder)(nil),                    // 12: coordinator.v1.Holder
+	(*Waiter)(nil),                    // 13: coordinator.v1.Waiter
+	(*DescribeResponse)(nil),          // 14: coordinator.v1.DescribeResponse
+	(*ListRequest)(nil),               // 15: coordinator.v1.ListRequest
+	(*ListResponse)(nil),              // 16: coordinator.v1.ListResponse
+	(*HoldRequest)(nil),               // 17: coordinator.v1.HoldRequest
+	(*HoldAcquire)(nil),               // 18: coordinator.v1.HoldAcquire
+	(*HoldResume)(nil),                // 19: coordinator.v1.HoldResume
+	(*HoldHeartbeat)(nil),             // 20: coordinator.v1.HoldHeartbeat
+	(*HoldRelease)(nil),               // 21: coordinator.v1.HoldRelease
+	(*HoldResponse)(nil),              // 22: coordinator.v1.HoldResponse
+	(*HoldLost)(nil),                  // 23: coordinator.v1.HoldLost
+	(*WatchRequest)(nil),              // 24: coordinator.v1.WatchRequest
+	(*WatchResponse)(nil),             // 25: coordinator.v1.WatchResponse
+	(*ForceReleaseRequest)(nil),       // 26: coordinator.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),      // 27: coordinator.v1.ForceReleaseResponse
+	(*OpenSessionRequest)(nil),        // 28: coordinator.v1.OpenSessionRequest
+	(*OpenSessionResponse)(nil),       // 29: coordinator.v1.OpenSessionResponse
+	(*KeepAliveSessionRequest)(nil),   // 30: coordinator.v1.KeepAliveSessionRequest
+	(*KeepAliveSessionResponse)(nil),  // 31: coordinator.v1.KeepAliveSessionResponse
+	(*CloseSessionRequest)(nil),       // 32: coordinator.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),      // 33: coordinator.v1.CloseSessionResponse
+	(*durationpb.Duration)(nil),       // 34: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 35: google.protobuf.Timestamp
 }
 var file_coordinator_v1_lock_proto_depIdxs = []int32{
-	15, // 0: coordinator.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
-	15, // 1: coordinator.v1.AcquireRequest.wait:type_name -> google.protobuf.Duration
-	15, // 2: coordinator.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
-	16, // 3: coordinator.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
-	15, // 4: coordinator.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	16, // 5: coordinator.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	0,  // 6: coordinator.v1.ValidateTokenResponse.reason:type_name -> coordinator.v1.ValidateTokenResponse.Reason
-	16, // 7: coordinator.v1.Holder.acquired_at:type_name -> google.protobuf.Timestamp
-	16, // 8: coordinator.v1.Holder.expires_at:type_name -> google.protobuf.Timestamp
-	16, // 9: coordinator.v1.Waiter.waiting_since:type_name -> google.protobuf.Timestamp
-	10, // 10: coordinator.v1.DescribeResponse.holder:type_name -> coordinator.v1.Holder
-	11, // 11: coordinator.v1.DescribeResponse.waiters:type_name -> coordinator.v1.Waiter
-	10, // 12: coordinator.v1.ListResponse.holders:type_name -> coordinator.v1.Holder
-	1,  // 13: coordinator.v1.LockService.Acquire:input_type -> coordinator.v1.AcquireRequest
-	3,  // 14: coordinator.v1.LockService.Release:input_type -> coordinator.v1.ReleaseRequest
-	5,  // 15: coordinator.v1.LockService.KeepAlive:input_type -> coordinator.v1.KeepAliveRequest
-	7,  // 16: coordinator.v1.LockService.ValidateToken:input_type -> coordinator.v1.ValidateTokenRequest
-	9,  // 17: coordinator.v1.LockService.Describe:input_type -> coordinator.v1.DescribeRequest
-	13, // 18: coordinator.v1.LockService.List:input_type -> coordinator.v1.ListRequest
-	2,  // 19: coordinator.v1.LockService.Acquire:output_type -> coordinator.v1.AcquireResponse
-	4,  // 20: coordinator.v1.LockService.Release:output_type -> coordinator.v1.ReleaseResponse
-	6,  // 21: coordinator.v1.LockService.KeepAlive:output_type -> coordinator.v1.KeepAliveResponse
-	8,  // 22: coordinator.v1.LockService.ValidateToken:output_type -> coordinator.v1.ValidateTokenResponse
-	12, // 23: coordinator.v1.LockService.Describe:output_type -> coordinator.v1.DescribeResponse
-	14, // 24: coordinator.v1.LockService.List:output_type -> coordinator.v1.ListResponse
-	19, // [19:25] is the sub-list for method output_type
-	13, // [13:19] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	34, // 0: coordinator.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	34, // 1: coordinator.v1.AcquireRequest.wait:type_name -> google.protobuf.Duration
+	34, // 2: coordinator.v1.AcquireRequest.max_hold:type_name -> google.protobuf.Duration
+	34, // 3: coordinator.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	34, // 4: coordinator.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
+	35, // 5: coordinator.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
+	35, // 6: coordinator.v1.AcquireResponse.safe_until:type_name -> google.protobuf.Timestamp
+	35, // 7: coordinator.v1.AcquireResponse.acquired_at:type_name -> google.protobuf.Timestamp
+	34, // 8: coordinator.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	35, // 9: coordinator.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	35, // 10: coordinator.v1.KeepAliveResponse.safe_until:type_name -> google.protobuf.Timestamp
+	0,  // 11: coordinator.v1.ValidateTokenResponse.reason:type_name -> coordinator.v1.ValidateTokenResponse.Reason
+	35, // 12: coordinator.v1.Holder.acquired_at:type_name -> google.protobuf.Timestamp
+	35, // 13: coordinator.v1.Holder.expires_at:type_name -> google.protobuf.Timestamp
+	35, // 14: coordinator.v1.Waiter.waiting_since:type_name -> google.protobuf.Timestamp
+	12, // 15: coordinator.v1.DescribeResponse.holder:type_name -> coordinator.v1.Holder
+	13, // 16: coordinator.v1.DescribeResponse.waiters:type_name -> coordinator.v1.Waiter
+	12, // 17: coordinator.v1.ListResponse.holders:type_name -> coordinator.v1.Holder
+	18, // 18: coordinator.v1.HoldRequest.acquire:type_name -> coordinator.v1.HoldAcquire
+	19, // 19: coordinator.v1.HoldRequest.resume:type_name -> coordinator.v1.HoldResume
+	20, // 20: coordinator.v1.HoldRequest.heartbeat:type_name -> coordinator.v1.HoldHeartbeat
+	21, // 21: coordinator.v1.HoldRequest.release:type_name -> coordinator.v1.HoldRelease
+	3,  // 22: coordinator.v1.HoldAcquire.request:type_name -> coordinator.v1.AcquireRequest
+	4,  // 23: coordinator.v1.HoldResponse.granted:type_name -> coordinator.v1.AcquireResponse
+	8,  // 24: coordinator.v1.HoldResponse.renewed:type_name -> coordinator.v1.KeepAliveResponse
+	23, // 25: coordinator.v1.HoldResponse.lost:type_name -> coordinator.v1.HoldLost
+	6,  // 26: coordinator.v1.HoldResponse.released:type_name -> coordinator.v1.ReleaseResponse
+	1,  // 27: coordinator.v1.HoldLost.reason:type_name -> coordinator.v1.HoldLost.Reason
+	2,  // 28: coordinator.v1.WatchResponse.kind:type_name -> coordinator.v1.WatchResponse.Kind
+	12, // 29: coordinator.v1.WatchResponse.holder:type_name -> coordinator.v1.Holder
+	34, // 30: coordinator.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	34, // 31: coordinator.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	35, // 32: coordinator.v1.OpenSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	35, // 33: coordinator.v1.OpenSessionResponse.safe_until:type_name -> google.protobuf.Timestamp
+	34, // 34: coordinator.v1.KeepAliveSessionResponse.ttl:type_name -> google.protobuf.Duration
+	35, // 35: coordinator.v1.KeepAliveSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	35, // 36: coordinator.v1.KeepAliveSessionResponse.safe_until:type_name -> google.protobuf.Timestamp
+	12, // 37: coordinator.v1.KeepAliveSessionResponse.holders:type_name -> coordinator.v1.Holder
+	12, // 38: coordinator.v1.CloseSessionResponse.released:type_name -> coordinator.v1.Holder
+	3,  // 39: coordinator.v1.LockService.Acquire:input_type -> coordinator.v1.AcquireRequest
+	5,  // 40: coordinator.v1.LockService.Release:input_type -> coordinator.v1.ReleaseRequest
+	7,  // 41: coordinator.v1.LockService.KeepAlive:input_type -> coordinator.v1.KeepAliveRequest
+	9,  // 42: coordinator.v1.LockService.ValidateToken:input_type -> coordinator.v1.ValidateTokenRequest
+	11, // 43: coordinator.v1.LockService.Describe:input_type -> coordinator.v1.DescribeRequest
+	17, // 44: coordinator.v1.LockService.Hold:input_type -> coordinator.v1.HoldRequest
+	24, // 45: coordinator.v1.LockService.Watch:input_type -> coordinator.v1.WatchRequest
+	26, // 46: coordinator.v1.LockService.ForceRelease:input_type -> coordinator.v1.ForceReleaseRequest
+	28, // 47: coordinator.v1.LockService.OpenSession:input_type -> coordinator.v1.OpenSessionRequest
+	30, // 48: coordinator.v1.LockService.KeepAliveSession:input_type -> coordinator.v1.KeepAliveSessionRequest
+	32, // 49: coordinator.v1.LockService.CloseSession:input_type -> coordinator.v1.CloseSessionRequest
+	15, // 50: coordinator.v1.LockService.List:input_type -> coordinator.v1.ListRequest
+	4,  // 51: coordinator.v1.LockService.Acquire:output_type -> coordinator.v1.AcquireResponse
+	6,  // 52: coordinator.v1.LockService.Release:output_type -> coordinator.v1.ReleaseResponse
+	8,  // 53: coordinator.v1.LockService.KeepAlive:output_type -> coordinator.v1.KeepAliveResponse
+	10, // 54: coordinator.v1.LockService.ValidateToken:output_type -> coordinator.v1.ValidateTokenResponse
+	14, // 55: coordinator.v1.LockService.Describe:output_type -> coordinator.v1.DescribeResponse
+	22, // 56: coordinator.v1.LockService.Hold:output_type -> coordinator.v1.HoldResponse
+	25, // 57: coordinator.v1.LockService.Watch:output_type -> coordinator.v1.WatchResponse
+	27, // 58: coordinator.v1.LockService.ForceRelease:output_type -> coordinator.v1.ForceReleaseResponse
+	29, // 59: coordinator.v1.LockService.OpenSession:output_type -> coordinator.v1.OpenSessionResponse
+	31, // 60: coordinator.v1.LockService.KeepAliveSession:output_type -> coordinator.v1.KeepAliveSessionResponse
+	33, // 61: coordinator.v1.LockService.CloseSession:output_type -> coordinator.v1.CloseSessionResponse
+	16, // 62: coordinator.v1.LockService.List:output_type -> coordinator.v1.ListResponse
+	51, // [51:63] is the sub-list for method output_type
+	39, // [39:51] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_v1_lock_proto_init() }
@@ -1159,13 +2606,25 @@ func file_coordinator_v1_lock_proto_init() {
 	if File_coordinator_v1_lock_proto != nil {
 		return
 	}
+	file_coordinator_v1_lock_proto_msgTypes[14].OneofWrappers = []any{
+		(*HoldRequest_Acquire)(nil),
+		(*HoldRequest_Resume)(nil),
+		(*HoldRequest_Heartbeat)(nil),
+		(*HoldRequest_Release)(nil),
+	}
+	file_coordinator_v1_lock_proto_msgTypes[19].OneofWrappers = []any{
+		(*HoldResponse_Granted)(nil),
+		(*HoldResponse_Renewed)(nil),
+		(*HoldResponse_Lost)(nil),
+		(*HoldResponse_Released)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_v1_lock_proto_rawDesc), len(file_coordinator_v1_lock_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   14,
+			NumEnums:      3,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

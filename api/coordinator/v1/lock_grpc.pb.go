@@ -28,12 +28,18 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	LockService_Acquire_FullMethodName       = "/coordinator.v1.LockService/Acquire"
-	LockService_Release_FullMethodName       = "/coordinator.v1.LockService/Release"
-	LockService_KeepAlive_FullMethodName     = "/coordinator.v1.LockService/KeepAlive"
-	LockService_ValidateToken_FullMethodName = "/coordinator.v1.LockService/ValidateToken"
-	LockService_Describe_FullMethodName      = "/coordinator.v1.LockService/Describe"
-	LockService_List_FullMethodName          = "/coordinator.v1.LockService/List"
+	LockService_Acquire_FullMethodName          = "/coordinator.v1.LockService/Acquire"
+	LockService_Release_FullMethodName          = "/coordinator.v1.LockService/Release"
+	LockService_KeepAlive_FullMethodName        = "/coordinator.v1.LockService/KeepAlive"
+	LockService_ValidateToken_FullMethodName    = "/coordinator.v1.LockService/ValidateToken"
+	LockService_Describe_FullMethodName         = "/coordinator.v1.LockService/Describe"
+	LockService_Hold_FullMethodName             = "/coordinator.v1.LockService/Hold"
+	LockService_Watch_FullMethodName            = "/coordinator.v1.LockService/Watch"
+	LockService_ForceRelease_FullMethodName     = "/coordinator.v1.LockService/ForceRelease"
+	LockService_OpenSession_FullMethodName      = "/coordinator.v1.LockService/OpenSession"
+	LockService_KeepAliveSession_FullMethodName = "/coordinator.v1.LockService/KeepAliveSession"
+	LockService_CloseSession_FullMethodName     = "/coordinator.v1.LockService/CloseSession"
+	LockService_List_FullMethodName             = "/coordinator.v1.LockService/List"
 )
 
 // LockServiceClient is the client API for LockService service.
@@ -83,6 +89,41 @@ type LockServiceClient interface {
 	// Describe shows a lock's holder and its waiters in queue order, for
 	// operators. It never exposes a handle.
 	Describe(ctx context.Context, in *DescribeRequest, opts ...grpc.CallOption) (*DescribeResponse, error)
+	// Hold is one bidirectional stream that acquires, keeps and releases a
+	// lock, for any-language clients and sidecars. The first client message
+	// is `acquire` (ask for the lock) or `resume` (take over an existing grant,
+	// e.g. after reconnecting to any replica). The server answers `granted`,
+	// then renews the lease ONLY when the client sends `heartbeat` (answered
+	// by `renewed`), never on its own: a paused client loses the lease within
+	// its TTL. The server pushes `lost` as soon as the grant ends without the
+	// client's release (expired, force-released, released through another
+	// connection, or renewal refused at max_hold) and then closes the stream.
+	// `release` is answered by `released`, then the stream ends. A stream that
+	// breaks without a release leaves the lease to expire by its TTL, unless
+	// release_on_disconnect was asked.
+	Hold(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HoldRequest, HoldResponse], error)
+	// Watch streams a lock's state: first its current holder (a `current`
+	// event, with the revision it was read at), then every change in order,
+	// each with its etcd revision: acquired (token, owner), released, expired,
+	// force-released. To resume after a break without gaps or duplicates,
+	// pass the last revision seen + 1 as start_revision. This is also the
+	// "observe" of leader election. Compacted history answers OUT_OF_RANGE.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
+	// ForceRelease ends the current grant of `name` if its token is `token`,
+	// for operators (to be restricted to admins by authorization). The
+	// holder's Hold stream and watchers see it as force-released, and its
+	// lock-delay, if any, applies. released=false if `token` is not the
+	// current holder's.
+	ForceRelease(ctx context.Context, in *ForceReleaseRequest, opts ...grpc.CallOption) (*ForceReleaseResponse, error)
+	// OpenSession creates a session: one lease that many locks share (see
+	// AcquireRequest.session_handle), renewed by KeepAliveSession.
+	OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionResponse, error)
+	// KeepAliveSession renews a session's lease and so every lock held
+	// through it. NOT_FOUND once the session is gone.
+	KeepAliveSession(ctx context.Context, in *KeepAliveSessionRequest, opts ...grpc.CallOption) (*KeepAliveSessionResponse, error)
+	// CloseSession ends a session and releases every lock held through it at
+	// once (cleanly: no lock-delay). closed=false if it was already gone.
+	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
 	// List pages through held locks whose names start with `prefix`. The order
 	// is stable: the byte order of the names with '%' and '/' read as "%25" and
 	// "%2F" and each name followed by '/' (so "job-1" comes before "job"). It
@@ -148,6 +189,78 @@ func (c *lockServiceClient) Describe(ctx context.Context, in *DescribeRequest, o
 	return out, nil
 }
 
+func (c *lockServiceClient) Hold(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HoldRequest, HoldResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &LockService_ServiceDesc.Streams[0], LockService_Hold_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[HoldRequest, HoldResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LockService_HoldClient = grpc.BidiStreamingClient[HoldRequest, HoldResponse]
+
+func (c *lockServiceClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &LockService_ServiceDesc.Streams[1], LockService_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, WatchResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LockService_WatchClient = grpc.ServerStreamingClient[WatchResponse]
+
+func (c *lockServiceClient) ForceRelease(ctx context.Context, in *ForceReleaseRequest, opts ...grpc.CallOption) (*ForceReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForceReleaseResponse)
+	err := c.cc.Invoke(ctx, LockService_ForceRelease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *lockServiceClient) OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OpenSessionResponse)
+	err := c.cc.Invoke(ctx, LockService_OpenSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *lockServiceClient) KeepAliveSession(ctx context.Context, in *KeepAliveSessionRequest, opts ...grpc.CallOption) (*KeepAliveSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeepAliveSessionResponse)
+	err := c.cc.Invoke(ctx, LockService_KeepAliveSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *lockServiceClient) CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CloseSessionResponse)
+	err := c.cc.Invoke(ctx, LockService_CloseSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *lockServiceClient) List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListResponse)
@@ -205,6 +318,41 @@ type LockServiceServer interface {
 	// Describe shows a lock's holder and its waiters in queue order, for
 	// operators. It never exposes a handle.
 	Describe(context.Context, *DescribeRequest) (*DescribeResponse, error)
+	// Hold is one bidirectional stream that acquires, keeps and releases a
+	// lock, for any-language clients and sidecars. The first client message
+	// is `acquire` (ask for the lock) or `resume` (take over an existing grant,
+	// e.g. after reconnecting to any replica). The server answers `granted`,
+	// then renews the lease ONLY when the client sends `heartbeat` (answered
+	// by `renewed`), never on its own: a paused client loses the lease within
+	// its TTL. The server pushes `lost` as soon as the grant ends without the
+	// client's release (expired, force-released, released through another
+	// connection, or renewal refused at max_hold) and then closes the stream.
+	// `release` is answered by `released`, then the stream ends. A stream that
+	// breaks without a release leaves the lease to expire by its TTL, unless
+	// release_on_disconnect was asked.
+	Hold(grpc.BidiStreamingServer[HoldRequest, HoldResponse]) error
+	// Watch streams a lock's state: first its current holder (a `current`
+	// event, with the revision it was read at), then every change in order,
+	// each with its etcd revision: acquired (token, owner), released, expired,
+	// force-released. To resume after a break without gaps or duplicates,
+	// pass the last revision seen + 1 as start_revision. This is also the
+	// "observe" of leader election. Compacted history answers OUT_OF_RANGE.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
+	// ForceRelease ends the current grant of `name` if its token is `token`,
+	// for operators (to be restricted to admins by authorization). The
+	// holder's Hold stream and watchers see it as force-released, and its
+	// lock-delay, if any, applies. released=false if `token` is not the
+	// current holder's.
+	ForceRelease(context.Context, *ForceReleaseRequest) (*ForceReleaseResponse, error)
+	// OpenSession creates a session: one lease that many locks share (see
+	// AcquireRequest.session_handle), renewed by KeepAliveSession.
+	OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionResponse, error)
+	// KeepAliveSession renews a session's lease and so every lock held
+	// through it. NOT_FOUND once the session is gone.
+	KeepAliveSession(context.Context, *KeepAliveSessionRequest) (*KeepAliveSessionResponse, error)
+	// CloseSession ends a session and releases every lock held through it at
+	// once (cleanly: no lock-delay). closed=false if it was already gone.
+	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)
 	// List pages through held locks whose names start with `prefix`. The order
 	// is stable: the byte order of the names with '%' and '/' read as "%25" and
 	// "%2F" and each name followed by '/' (so "job-1" comes before "job"). It
@@ -234,6 +382,24 @@ func (UnimplementedLockServiceServer) ValidateToken(context.Context, *ValidateTo
 }
 func (UnimplementedLockServiceServer) Describe(context.Context, *DescribeRequest) (*DescribeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Describe not implemented")
+}
+func (UnimplementedLockServiceServer) Hold(grpc.BidiStreamingServer[HoldRequest, HoldResponse]) error {
+	return status.Error(codes.Unimplemented, "method Hold not implemented")
+}
+func (UnimplementedLockServiceServer) Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error {
+	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedLockServiceServer) ForceRelease(context.Context, *ForceReleaseRequest) (*ForceReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForceRelease not implemented")
+}
+func (UnimplementedLockServiceServer) OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method OpenSession not implemented")
+}
+func (UnimplementedLockServiceServer) KeepAliveSession(context.Context, *KeepAliveSessionRequest) (*KeepAliveSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method KeepAliveSession not implemented")
+}
+func (UnimplementedLockServiceServer) CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CloseSession not implemented")
 }
 func (UnimplementedLockServiceServer) List(context.Context, *ListRequest) (*ListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method List not implemented")
@@ -349,6 +515,96 @@ func _LockService_Describe_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _LockService_Hold_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(LockServiceServer).Hold(&grpc.GenericServerStream[HoldRequest, HoldResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LockService_HoldServer = grpc.BidiStreamingServer[HoldRequest, HoldResponse]
+
+func _LockService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(LockServiceServer).Watch(m, &grpc.GenericServerStream[WatchRequest, WatchResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LockService_WatchServer = grpc.ServerStreamingServer[WatchResponse]
+
+func _LockService_ForceRelease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForceReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LockServiceServer).ForceRelease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LockService_ForceRelease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LockServiceServer).ForceRelease(ctx, req.(*ForceReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _LockService_OpenSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LockServiceServer).OpenSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LockService_OpenSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LockServiceServer).OpenSession(ctx, req.(*OpenSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _LockService_KeepAliveSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeepAliveSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LockServiceServer).KeepAliveSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LockService_KeepAliveSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LockServiceServer).KeepAliveSession(ctx, req.(*KeepAliveSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _LockService_CloseSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloseSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LockServiceServer).CloseSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LockService_CloseSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LockServiceServer).CloseSession(ctx, req.(*CloseSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _LockService_List_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListRequest)
 	if err := dec(in); err != nil {
@@ -395,10 +651,38 @@ var LockService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _LockService_Describe_Handler,
 		},
 		{
+			MethodName: "ForceRelease",
+			Handler:    _LockService_ForceRelease_Handler,
+		},
+		{
+			MethodName: "OpenSession",
+			Handler:    _LockService_OpenSession_Handler,
+		},
+		{
+			MethodName: "KeepAliveSession",
+			Handler:    _LockService_KeepAliveSession_Handler,
+		},
+		{
+			MethodName: "CloseSession",
+			Handler:    _LockService_CloseSession_Handler,
+		},
+		{
 			MethodName: "List",
 			Handler:    _LockService_List_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Hold",
+			Handler:       _LockService_Hold_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Watch",
+			Handler:       _LockService_Watch_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "coordinator/v1/lock.proto",
 }

@@ -1,0 +1,442 @@
+// Package client is the Go SDK of coordinatord: it acquires locks, keeps
+// them alive in the background and tells the holder, through Lock.Done, the
+// moment it must stop working under a lock.
+//
+// A lease is not proof of exclusive execution: a process can be paused or
+// cut off past its lease and still believe it holds the lock. The SDK closes
+// Lock.Done when the lease is lost and also when the lock's safe-until time
+// passes without a confirmed renewal, and Done and Err check the clock
+// themselves, so a process that wakes up from a pause sees the loss before
+// it touches anything. Between that check and a write, a pause can still
+// happen: pass Lock.Token with every write to a resource that checks it (see
+// package fence).
+//
+// Safe-until time: each Acquire and each confirmed renewal sets
+//
+//	safe_until = (local time just before the request was sent) + granted TTL - margin
+//
+// The lease cannot end before the request was sent plus the TTL (etcd starts
+// the TTL when the request arrives, or later), so the bound holds whatever
+// the clocks of the coordinator and etcd say. The margin, max(TTL/10, 500ms)
+// capped at TTL/2 unless WithSafetyMargin says otherwise, covers the local
+// clock's drift over one TTL and the time between checking Done and acting.
+//
+// Heartbeats (KeepAlive) run every third of (TTL - margin), with ±10%
+// jitter; a failed heartbeat is retried with jittered exponential backoff
+// until it succeeds or safe_until passes.
+package client
+
+import (
+	"context"
+	cryptorand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+)
+
+// Errors a Lock reports through Err, and Acquire through its error.
+var (
+	// ErrLockHeld: Acquire was not granted within its wait (TryAcquire:
+	// at once). The error is a *HeldError carrying the holder's token.
+	ErrLockHeld = errors.New("client: lock held by someone else")
+	// ErrLost: the coordinator says the grant is gone (expired, released by
+	// someone with the handle, or renewal refused by policy). Stop working
+	// under the lock; acquire again.
+	ErrLost = errors.New("client: lock lost: the grant is gone")
+	// ErrExpired: safe_until passed without a confirmed renewal (the process
+	// was paused, or the coordinator was unreachable). Stop working under
+	// the lock; acquire again.
+	ErrExpired = errors.New("client: lock expired: safe-until time passed without a confirmed renewal")
+	// ErrReleased: Release was called.
+	ErrReleased = errors.New("client: lock released")
+	// ErrClosed: the Client was closed.
+	ErrClosed = errors.New("client: client closed")
+)
+
+// HeldError is the error of an Acquire not granted within its wait.
+type HeldError struct {
+	Name string
+	// HolderToken is the current holder's token, 0 if the coordinator did
+	// not say (or the lock was free by the time it looked).
+	HolderToken int64
+	err         error
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("client: lock %q held by token %d", e.Name, e.HolderToken)
+}
+
+// Is makes errors.Is(err, ErrLockHeld) true.
+func (e *HeldError) Is(target error) bool { return target == ErrLockHeld }
+
+// Unwrap returns the gRPC status error (ABORTED).
+func (e *HeldError) Unwrap() error { return e.err }
+
+// Defaults.
+const (
+	DefaultBackoffBase = 50 * time.Millisecond
+	DefaultBackoffMax  = 2 * time.Second
+	// minMargin is the smallest default safety margin.
+	minMargin = 500 * time.Millisecond
+	// releaseTimeout bounds the best-effort release of a lock abandoned by
+	// its heartbeat (expired) or by Close.
+	releaseTimeout = 2 * time.Second
+)
+
+type options struct {
+	creds       credentials.TransportCredentials
+	dialOpts    []grpc.DialOption
+	backoffBase time.Duration
+	backoffMax  time.Duration
+	margin      time.Duration // 0: the default rule
+}
+
+// Option configures a Client.
+type Option func(*options)
+
+// WithTransportCredentials sets the connection's credentials (default:
+// plaintext, insecure; the coordinator serves no TLS yet).
+func WithTransportCredentials(c credentials.TransportCredentials) Option {
+	return func(o *options) { o.creds = c }
+}
+
+// WithDialOptions adds gRPC dial options (interceptors, keepalive, ...).
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *options) { o.dialOpts = append(o.dialOpts, opts...) }
+}
+
+// WithBackoff sets the retry backoff of UNAVAILABLE answers: the n-th retry
+// waits a random time in [d/2, d] with d = min(base * 2^n, max). Defaults:
+// DefaultBackoffBase, DefaultBackoffMax.
+func WithBackoff(base, max time.Duration) Option {
+	return func(o *options) { o.backoffBase, o.backoffMax = base, max }
+}
+
+// WithSafetyMargin fixes the margin subtracted from each lease to compute
+// safe_until (default: max(TTL/10, 500ms), at most TTL/2). It is capped at
+// TTL/2 whatever is asked.
+func WithSafetyMargin(d time.Duration) Option { return func(o *options) { o.margin = d } }
+
+// Client talks to a coordinator. It is safe for concurrent use.
+type Client struct {
+	conn *grpc.ClientConn // nil when the caller owns the connection
+	lc   coordinatorv1.LockServiceClient
+	o    options
+
+	root context.Context // cancelled by Close
+	halt context.CancelFunc
+
+	mu     sync.Mutex
+	closed bool
+	locks  map[*Lock]struct{}
+}
+
+// Dial connects to the coordinator at target (e.g. "127.0.0.1:7070", or any
+// gRPC target such as "dns:///coordinatord:7070"). The connection is made
+// lazily: Dial does not fail when the coordinator is down.
+func Dial(target string, opts ...Option) (*Client, error) {
+	o := newOptions(opts)
+	creds := o.creds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(target, append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, o.dialOpts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("client: dial %q: %w", target, err)
+	}
+	c := newClient(conn, o)
+	c.conn = conn
+	return c, nil
+}
+
+// New returns a Client over a connection the caller made and closes.
+// WithTransportCredentials and WithDialOptions are ignored.
+func New(cc grpc.ClientConnInterface, opts ...Option) *Client {
+	return newClient(cc, newOptions(opts))
+}
+
+func newOptions(opts []Option) options {
+	o := options{backoffBase: DefaultBackoffBase, backoffMax: DefaultBackoffMax}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.backoffBase <= 0 {
+		o.backoffBase = DefaultBackoffBase
+	}
+	if o.backoffMax < o.backoffBase {
+		o.backoffMax = o.backoffBase
+	}
+	return o
+}
+
+func newClient(cc grpc.ClientConnInterface, o options) *Client {
+	root, halt := context.WithCancel(context.Background())
+	return &Client{lc: coordinatorv1.NewLockServiceClient(cc), o: o, root: root, halt: halt, locks: map[*Lock]struct{}{}}
+}
+
+// Close releases every lock still held (best effort, each bounded by 2s: a
+// lock not released ends with its TTL), stops their heartbeats, and closes
+// the connection if Dial made it. Locks report ErrClosed unless they were
+// lost before.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	locks := make([]*Lock, 0, len(c.locks))
+	for l := range c.locks {
+		locks = append(locks, l)
+	}
+	c.mu.Unlock()
+	for _, l := range locks {
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		l.end(ctx, ErrClosed)
+		cancel()
+	}
+	c.halt()
+	if c.conn != nil {
+		return c.conn.Close()
+	}
+	return nil
+}
+
+// margin is the safety margin for a lease of ttl.
+func (c *Client) margin(ttl time.Duration) time.Duration {
+	m := c.o.margin
+	if m <= 0 {
+		m = max(ttl/10, minMargin)
+	}
+	return min(m, ttl/2)
+}
+
+// backoff is the jittered wait before retry n (0-based).
+func (c *Client) backoff(n int) time.Duration {
+	d := c.o.backoffMax
+	if n < 30 {
+		d = min(c.o.backoffBase<<n, c.o.backoffMax)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// retry calls f until it answers something other than UNAVAILABLE, waiting
+// c.backoff between attempts; it gives up when ctx ends, returning the last
+// error.
+func (c *Client) retry(ctx context.Context, f func(context.Context) error) error {
+	for n := 0; ; n++ {
+		err := f(ctx)
+		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(c.backoff(n))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-c.root.Done():
+			t.Stop()
+			return ErrClosed
+		case <-t.C:
+		}
+	}
+}
+
+type acquireOptions struct {
+	ttl       time.Duration
+	wait      *time.Duration
+	owner     string
+	requestID string
+	maxHold   time.Duration
+	lockDelay time.Duration
+}
+
+// AcquireOption configures one Acquire.
+type AcquireOption func(*acquireOptions)
+
+// WithTTL asks for a lease TTL (default: the coordinator's, 15s out of the
+// box); the coordinator rounds it up to a whole second.
+func WithTTL(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.ttl = d } }
+
+// WithWait bounds the wait in the queue; 0 tries once. Without it, Acquire
+// waits until ctx ends.
+func WithWait(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.wait = &d } }
+
+// WithOwner describes the caller (host, pod, job) for Describe and List.
+func WithOwner(s string) AcquireOption { return func(o *acquireOptions) { o.owner = s } }
+
+// WithRequestID sets the idempotency key of the acquisition (default: 128
+// random bits, new for each Acquire call). Every retry of this Acquire sends
+// the same key, so a grant whose answer was lost is returned, not doubled.
+func WithRequestID(id string) AcquireOption { return func(o *acquireOptions) { o.requestID = id } }
+
+// WithMaxHold bounds how long the lock can be renewed (default: the
+// coordinator's cap, --max-hold). Past acquisition + maxHold the coordinator
+// refuses renewals and the Lock reports ErrLost.
+func WithMaxHold(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.maxHold = d } }
+
+// WithLockDelay asks that, if this grant ends involuntarily (expiry, forced
+// release), nobody be granted the lock for d afterwards; a Release never
+// delays. Default: no delay.
+func WithLockDelay(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.lockDelay = d } }
+
+func newRequestID() string {
+	var b [16]byte
+	_, _ = cryptorand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// Acquire waits for the lock name and returns it held, with heartbeats
+// running. It retries UNAVAILABLE answers with jittered exponential backoff,
+// always with the same request id, until ctx ends. When the lock is not
+// granted within WithWait, the error is a *HeldError (errors.Is ErrLockHeld);
+// other errors are gRPC status errors (INVALID_ARGUMENT, DEADLINE_EXCEEDED,
+// ...), or ErrClosed.
+func (c *Client) Acquire(ctx context.Context, name string, opts ...AcquireOption) (*Lock, error) {
+	o := acquireOptions{}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.requestID == "" {
+		o.requestID = newRequestID()
+	}
+	req := &coordinatorv1.AcquireRequest{Name: name, Owner: o.owner, RequestId: o.requestID}
+	if o.ttl != 0 {
+		req.Ttl = durationpb.New(o.ttl)
+	}
+	if o.wait != nil {
+		req.Wait = durationpb.New(*o.wait)
+	}
+	if o.maxHold != 0 {
+		req.MaxHold = durationpb.New(o.maxHold)
+	}
+	if o.lockDelay != 0 {
+		req.LockDelay = durationpb.New(o.lockDelay)
+	}
+	if c.isClosed() {
+		return nil, ErrClosed
+	}
+	var (
+		resp     *coordinatorv1.AcquireResponse
+		first    time.Time
+		attempts int
+	)
+	err := c.retry(ctx, func(ctx context.Context) error {
+		if attempts == 0 {
+			first = time.Now()
+		}
+		attempts++
+		var err error
+		resp, err = c.lc.Acquire(ctx, req)
+		return err
+	})
+	if err != nil {
+		if status.Code(err) == codes.Aborted {
+			return nil, &HeldError{Name: name, HolderToken: holderToken(err), err: err}
+		}
+		return nil, err
+	}
+	ttl := resp.GetTtl().AsDuration()
+	l := &Lock{
+		c: c, name: name, token: resp.GetToken(), handle: resp.GetHandle(), ttl: ttl,
+		margin: c.margin(ttl), done: make(chan struct{}), exited: make(chan struct{}),
+	}
+	// The lease ends no earlier than the first send plus the TTL: a grant
+	// (or the refresh at the end of a wait) happens after that.
+	l.safeUntil = first.Add(ttl - l.margin)
+	if !c.track(l) {
+		l.releaseRPC(context.Background())
+		return nil, ErrClosed
+	}
+	// After a long wait (or a retry), that bound may be close: confirm the
+	// grant with a renewal before handing it out.
+	if time.Since(first) > l.interval() {
+		if err := l.confirm(ctx); err != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+			l.end(rctx, err)
+			cancel()
+			return nil, fmt.Errorf("client: lock %q granted (token %d) but not confirmed: %w", name, l.token, err)
+		}
+	}
+	ctx, stop := context.WithCancel(c.root)
+	l.stop = stop
+	go l.heartbeat(ctx)
+	return l, nil
+}
+
+// TryAcquire is Acquire that does not wait: a held lock answers a
+// *HeldError (errors.Is ErrLockHeld) at once.
+func (c *Client) TryAcquire(ctx context.Context, name string, opts ...AcquireOption) (*Lock, error) {
+	return c.Acquire(ctx, name, append(opts, WithWait(0))...)
+}
+
+// Verdict is the answer of ValidateToken.
+type Verdict struct {
+	Valid        bool
+	Reason       coordinatorv1.ValidateTokenResponse_Reason
+	CurrentToken int64
+}
+
+// ValidateToken asks whether token is the current holder's for the lock
+// name and, with a resource, not below the resource's high-water mark (a
+// valid answer advances the mark). UNAVAILABLE is retried until ctx ends.
+func (c *Client) ValidateToken(ctx context.Context, name string, token int64, resource string) (Verdict, error) {
+	var resp *coordinatorv1.ValidateTokenResponse
+	err := c.retry(ctx, func(ctx context.Context) error {
+		var err error
+		resp, err = c.lc.ValidateToken(ctx, &coordinatorv1.ValidateTokenRequest{Name: name, Token: token, Resource: resource})
+		return err
+	})
+	if err != nil {
+		return Verdict{}, err
+	}
+	return Verdict{Valid: resp.GetValid(), Reason: resp.GetReason(), CurrentToken: resp.GetCurrentToken()}, nil
+}
+
+func (c *Client) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+func (c *Client) track(l *Lock) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return false
+	}
+	c.locks[l] = struct{}{}
+	return true
+}
+
+func (c *Client) untrack(l *Lock) {
+	c.mu.Lock()
+	delete(c.locks, l)
+	c.mu.Unlock()
+}
+
+// holderToken reads the LOCK_HELD ErrorInfo of an ABORTED Acquire.
+func holderToken(err error) int64 {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == "LOCK_HELD" {
+			n, _ := strconv.ParseInt(info.GetMetadata()["holder_token"], 10, 64)
+			return n
+		}
+	}
+	return 0
+}

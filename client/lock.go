@@ -1,0 +1,207 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+)
+
+// Lock is a held lock. Its heartbeat runs until Release, Client.Close or
+// the loss of the lock; then Done is closed and Err says why.
+type Lock struct {
+	c      *Client
+	name   string
+	token  int64
+	handle string
+	ttl    time.Duration
+	margin time.Duration
+
+	mu        sync.Mutex
+	safeUntil time.Time
+	err       error
+	done      chan struct{}
+
+	stop    context.CancelFunc // ends the heartbeat; nil before it starts
+	exited  chan struct{}      // closed when the heartbeat has returned
+	endOnce sync.Once
+	endErr  error
+}
+
+// Name is the lock's name.
+func (l *Lock) Name() string { return l.name }
+
+// Token is the grant's fencing token: send it with every write to a
+// protected resource.
+func (l *Lock) Token() int64 { return l.token }
+
+// TTL is the lease TTL the coordinator granted.
+func (l *Lock) TTL() time.Duration { return l.ttl }
+
+// SafeUntil is the local time until which the lock is known to be held:
+// the send time of the last confirmed Acquire or renewal, plus the TTL,
+// minus the safety margin. Past it, Done is closed.
+func (l *Lock) SafeUntil() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.safeUntil
+}
+
+// Done is closed when the lock must no longer be used: lost, expired
+// (safe_until passed without a confirmed renewal), released, or the client
+// closed. It checks the clock itself, so after a pause it is already closed
+// when it is called.
+func (l *Lock) Done() <-chan struct{} {
+	l.check()
+	return l.done
+}
+
+// Err is nil while the lock is held, then ErrLost, ErrExpired, ErrReleased
+// or ErrClosed (possibly wrapped with details; use errors.Is). Like Done, it
+// checks the clock itself.
+func (l *Lock) Err() error {
+	l.check()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Release stops the heartbeat and gives the lock up, so the next waiter is
+// granted at once; Done is closed and Err is ErrReleased (unless the lock
+// was lost before). Releasing a lock that was already lost or released is
+// not an error. UNAVAILABLE is retried until ctx ends; if the release does
+// not reach the coordinator, the lock ends with its TTL.
+func (l *Lock) Release(ctx context.Context) error {
+	return l.end(ctx, ErrReleased)
+}
+
+// check closes Done if safe_until has passed.
+func (l *Lock) check() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil && !time.Now().Before(l.safeUntil) {
+		l.loseLocked(fmt.Errorf("%w (safe until %s, TTL %v, margin %v)", ErrExpired, l.safeUntil.Format(time.RFC3339Nano), l.ttl, l.margin))
+	}
+}
+
+// lose records the first reason the lock ended and closes Done.
+func (l *Lock) lose(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.loseLocked(err)
+}
+
+func (l *Lock) loseLocked(err error) {
+	if l.err == nil {
+		l.err = err
+		close(l.done)
+	}
+}
+
+// extend moves safe_until forward after a confirmed renewal; a lock
+// already ended stays ended.
+func (l *Lock) extend(until time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err == nil && until.After(l.safeUntil) {
+		l.safeUntil = until
+	}
+}
+
+// end stops the heartbeat, ends the lock with reason and releases it.
+func (l *Lock) end(ctx context.Context, reason error) error {
+	l.endOnce.Do(func() {
+		if l.stop != nil {
+			l.stop()
+			<-l.exited
+		}
+		l.lose(reason)
+		l.endErr = l.releaseRPC(ctx)
+		l.c.untrack(l)
+	})
+	return l.endErr
+}
+
+func (l *Lock) releaseRPC(ctx context.Context) error {
+	return l.c.retry(ctx, func(ctx context.Context) error {
+		_, err := l.c.lc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: l.name, Token: l.token, Handle: l.handle})
+		return err
+	})
+}
+
+// interval is the heartbeat period: a third of (TTL - margin), ±10%.
+func (l *Lock) interval() time.Duration {
+	base := (l.ttl - l.margin) / 3
+	return base*9/10 + rand.N(base/5+1)
+}
+
+// renew sends one KeepAlive and, on success, extends safe_until from the
+// moment it was sent. ErrLost when the coordinator says the grant is gone.
+func (l *Lock) renew(ctx context.Context) error {
+	sent := time.Now()
+	resp, err := l.c.lc.KeepAlive(ctx, &coordinatorv1.KeepAliveRequest{Name: l.name, Token: l.token, Handle: l.handle})
+	switch status.Code(err) {
+	case codes.OK:
+		l.extend(sent.Add(resp.GetTtl().AsDuration() - l.margin))
+		return nil
+	case codes.NotFound, codes.FailedPrecondition:
+		return fmt.Errorf("%w: %s", ErrLost, status.Convert(err).Message())
+	}
+	return err
+}
+
+// confirm renews once, retrying UNAVAILABLE until ctx ends.
+func (l *Lock) confirm(ctx context.Context) error {
+	return l.c.retry(ctx, l.renew)
+}
+
+// heartbeat renews the lease until ctx ends (Release, Close) or the lock is
+// lost. On loss it releases the grant, best effort, in case it still lives.
+func (l *Lock) heartbeat(ctx context.Context) {
+	defer close(l.exited)
+	next := l.interval()
+	failures := 0
+	for {
+		until := l.SafeUntil()
+		t := time.NewTimer(min(next, time.Until(until)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if l.Err() != nil { // safe_until passed: expired
+			l.abandon(ctx)
+			return
+		}
+		rctx, cancel := context.WithDeadline(ctx, l.SafeUntil())
+		err := l.renew(rctx)
+		cancel()
+		switch {
+		case err == nil:
+			failures, next = 0, l.interval()
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, ErrLost):
+			l.lose(err)
+			return
+		default: // UNAVAILABLE, deadline, ...: retry until safe_until
+			next = l.c.backoff(failures)
+			failures++
+		}
+	}
+}
+
+// abandon releases an expired lock's grant, best effort: it may still live.
+func (l *Lock) abandon(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
+	_, _ = l.c.lc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: l.name, Token: l.token, Handle: l.handle})
+}

@@ -1,0 +1,147 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// batcher is group commit: the conditional transactions of concurrent
+// callers go to etcd together, as the nested transactions of one Txn (one
+// raft proposal), each keeping its own compares and outcome. Under no load a
+// transaction is committed at once, alone; under load, the ones that arrive
+// while a commit is in flight share the next. Two transactions on the same
+// lock never share a Txn: etcd evaluates every nested compare before any
+// write, so they would not see each other's effects.
+type batcher struct {
+	cli   *clientv3.Client
+	spawn func(func()) // runs a commit in a goroutine its owner waits for
+
+	mu       sync.Mutex
+	pending  []*txnReq
+	inflight int
+}
+
+const (
+	maxBatch    = 32 // nested transactions per Txn (etcd allows 128 ops per level)
+	maxInflight = 2  // concurrent commits
+	commitLimit = 10 * time.Second
+)
+
+type txnReq struct {
+	conflict string // the lock name: at most one per batch
+	cmps     []clientv3.Cmp
+	then     []clientv3.Op
+	els      []clientv3.Op
+	res      chan txnRes
+}
+
+type txnRes struct {
+	rev   int64
+	ok    bool
+	resps []*pb.ResponseOp
+	err   error
+}
+
+// do commits the transaction If(cmps).Then(then).Else(els) and returns its
+// outcome, or ctx's error if ctx ends first (the transaction may then still
+// be committed: the caller treats that as an ambiguous outcome).
+func (b *batcher) do(ctx context.Context, conflict string, cmps []clientv3.Cmp, then, els []clientv3.Op) txnRes {
+	r := &txnReq{conflict: conflict, cmps: cmps, then: then, els: els, res: make(chan txnRes, 1)}
+	b.mu.Lock()
+	b.pending = append(b.pending, r)
+	batches := b.take()
+	b.mu.Unlock()
+	b.launch(batches)
+	select {
+	case res := <-r.res:
+		return res
+	case <-ctx.Done():
+		return txnRes{err: ctx.Err()}
+	}
+}
+
+// take removes the batches to commit now from pending; b.mu must be held.
+func (b *batcher) take() [][]*txnReq {
+	var out [][]*txnReq
+	for b.inflight < maxInflight && len(b.pending) > 0 {
+		var batch, rest []*txnReq
+		seen := map[string]bool{}
+		for _, r := range b.pending {
+			if len(batch) < maxBatch && !seen[r.conflict] {
+				seen[r.conflict] = true
+				batch = append(batch, r)
+			} else {
+				rest = append(rest, r)
+			}
+		}
+		b.pending = rest
+		b.inflight++
+		out = append(out, batch)
+	}
+	return out
+}
+
+func (b *batcher) launch(batches [][]*txnReq) {
+	for _, batch := range batches {
+		b.spawn(func() {
+			b.commit(batch)
+			b.mu.Lock()
+			b.inflight--
+			next := b.take()
+			b.mu.Unlock()
+			b.launch(next)
+		})
+	}
+}
+
+func (b *batcher) commit(batch []*txnReq) {
+	ctx, cancel := context.WithTimeout(context.Background(), commitLimit)
+	defer cancel()
+	if len(batch) == 1 {
+		batch[0].res <- b.single(ctx, batch[0])
+		return
+	}
+	ops := make([]clientv3.Op, len(batch))
+	for i, r := range batch {
+		ops[i] = clientv3.OpTxn(r.cmps, r.then, r.els)
+	}
+	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		if isRequestError(err) {
+			// One member is at fault (say a lease that just expired): it
+			// must not fail the others.
+			for _, r := range batch {
+				r.res <- b.single(ctx, r)
+			}
+			return
+		}
+		for _, r := range batch {
+			r.res <- txnRes{err: err}
+		}
+		return
+	}
+	for i, r := range batch {
+		t := resp.Responses[i].GetResponseTxn()
+		r.res <- txnRes{rev: resp.Header.Revision, ok: t.GetSucceeded(), resps: t.GetResponses()}
+	}
+}
+
+func (b *batcher) single(ctx context.Context, r *txnReq) txnRes {
+	resp, err := b.cli.Txn(ctx).If(r.cmps...).Then(r.then...).Else(r.els...).Commit()
+	if err != nil {
+		return txnRes{err: err}
+	}
+	return txnRes{rev: resp.Header.Revision, ok: resp.Succeeded, resps: resp.Responses}
+}
+
+// isRequestError: etcd refused the request itself, not for unavailability.
+func isRequestError(err error) bool {
+	return errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, rpctypes.ErrDuplicateKey) ||
+		errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrRequestTooLarge)
+}

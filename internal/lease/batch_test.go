@@ -1,0 +1,121 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"github.com/coordinatord/coordinatord/internal/embedetcd"
+)
+
+func newTestManager(t *testing.T) (*Manager, *clientv3.Client) {
+	t.Helper()
+	e, err := embedetcd.Start(context.Background(), t.TempDir(), embedetcd.WithFastElection())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	m, err := New(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return m, cli
+}
+
+// Concurrent joins share one etcd transaction, each with its own outcome,
+// and two joins of one lock never share one (they would both see it free).
+func TestGroupCommitSharesATxnButNeverOneLock(t *testing.T) {
+	m, cli := newTestManager(t)
+	gate := make(chan struct{})
+	m.batch.spawn = func(f func()) { go func() { <-gate; f() }() }
+
+	const n = 30
+	type result struct {
+		name string
+		g    *Grant
+		err  error
+	}
+	results := make(chan result, n+1)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := fmt.Sprintf("gc/%d", i)
+			opts := []AcquireOption{WithTTL(10 * time.Second), WithWait(0)}
+			if i%3 == 0 {
+				opts = append(opts, WithRequestID(fmt.Sprintf("request-id-%016d", i)))
+			}
+			if i == n-1 {
+				name = "gc/0" // a second join of gc/0 in the same burst
+			}
+			g, err := m.Acquire(context.Background(), name, opts...)
+			results <- result{name, g, err}
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m.batch.mu.Lock()
+		queued := len(m.batch.pending) + m.batch.inflight
+		m.batch.mu.Unlock()
+		if queued == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d joins queued", queued)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(gate)
+	wg.Wait()
+	close(results)
+
+	byToken := map[int64]int{}
+	granted := map[string]int{}
+	for r := range results {
+		switch {
+		case r.err == nil:
+			granted[r.name]++
+			byToken[r.g.Token]++
+		case errors.Is(r.err, ErrNotGranted) && r.name == "gc/0":
+		default:
+			t.Fatalf("%s: %v", r.name, r.err)
+		}
+	}
+	if granted["gc/0"] != 1 {
+		t.Fatalf("gc/0 granted %d times in one burst", granted["gc/0"])
+	}
+	if len(granted) != n-1 {
+		t.Fatalf("%d names granted, want %d", len(granted), n-1)
+	}
+	shared := 0
+	for _, c := range byToken {
+		shared = max(shared, c)
+	}
+	if shared < n-4 {
+		t.Fatalf("at most %d joins shared a transaction; want most of the %d", shared, n)
+	}
+	for name := range granted {
+		r, err := cli.Get(context.Background(), m.ks.Queue(name), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil || r.Count != 1 {
+			t.Fatalf("%s has %d queue keys (%v), want 1", name, r.Count, err)
+		}
+	}
+}
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"))
+}

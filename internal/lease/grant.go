@@ -1,0 +1,116 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// held is a live grant found by lookup.
+type held struct {
+	name    string
+	key     string
+	id      clientv3.LeaseID
+	token   int64
+	modRev  int64
+	rec     record
+	session bool
+}
+
+// lookup returns the grant (name, token, handle), or ErrNotHeld.
+func (m *Manager) lookup(ctx context.Context, name string, token int64, handle string) (*held, error) {
+	if err := ValidateName("name", name, false); err != nil {
+		return nil, err
+	}
+	if err := ValidateToken(token); err != nil {
+		return nil, err
+	}
+	id, sum, err := parseHandle(handle)
+	if err != nil {
+		return nil, err
+	}
+	key := m.ks.key(name, id)
+	r, err := m.cli.Get(ctx, key)
+	if err != nil {
+		return nil, m.etcdErr(ctx, "read grant", err)
+	}
+	if len(r.Kvs) == 0 {
+		return nil, ErrNotHeld
+	}
+	kv := r.Kvs[0]
+	rec := decodeRecord(kv.Value)
+	if kv.CreateRevision != token || clientv3.LeaseID(kv.Lease) != id || !sameHash(rec.HandleHash, sum) || rec.Acquired == 0 {
+		return nil, ErrNotHeld
+	}
+	return &held{name: name, key: key, id: id, token: token, modRev: kv.ModRevision, rec: rec, session: rec.Session}, nil
+}
+
+// Renewal is the outcome of KeepAlive.
+type Renewal struct {
+	TTL       time.Duration
+	ExpiresAt time.Time
+	SafeUntil time.Time
+}
+
+// KeepAlive renews the grant's lease for a full TTL. ErrNotHeld if the grant
+// is gone or the token or handle does not match it; ErrMaxHold once the
+// grant reached its max hold (the lease is left to end).
+func (m *Manager) KeepAlive(ctx context.Context, name string, token int64, handle string) (*Renewal, error) {
+	h, err := m.lookup(ctx, name, token, handle)
+	if err != nil {
+		return nil, err
+	}
+	start := m.now()
+	if h.rec.MaxHold > 0 && !start.Before(unixTime(h.rec.Acquired).Add(time.Duration(h.rec.MaxHold))) {
+		return nil, ErrMaxHold
+	}
+	ttl, err := m.renew(ctx, h.id, clientv3.LeaseID(h.rec.DelayLease))
+	if err != nil {
+		if errors.Is(err, ErrNotHeld) {
+			return nil, err
+		}
+		return nil, m.etcdErr(ctx, "renew lease", err)
+	}
+	d := time.Duration(ttl) * time.Second
+	exp := start.Add(d)
+	return &Renewal{TTL: d, ExpiresAt: exp, SafeUntil: exp.Add(-SafetyMargin(d))}, nil
+}
+
+// Release ends the grant and frees the lock at once (no lock-delay). It
+// reports false, changing nothing, when the grant already ended or the token
+// or handle does not match it.
+func (m *Manager) Release(ctx context.Context, name string, token int64, handle string) (bool, error) {
+	h, err := m.lookup(ctx, name, token, handle)
+	if errors.Is(err, ErrNotHeld) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return m.end(ctx, h, endReleased)
+}
+
+// ForceRelease ends the current grant of name if its token is token, as an
+// operator would: the holder's lock-delay, if any, applies. It reports false
+// when token is not the current holder's.
+func (m *Manager) ForceRelease(ctx context.Context, name string, token int64) (bool, error) {
+	if err := ValidateName("name", name, false); err != nil {
+		return false, err
+	}
+	if err := ValidateToken(token); err != nil {
+		return false, err
+	}
+	r, err := m.cli.Get(ctx, m.ks.Queue(name), clientv3.WithFirstCreate()...)
+	if err != nil {
+		return false, m.etcdErr(ctx, "read holder", err)
+	}
+	if len(r.Kvs) == 0 || r.Kvs[0].CreateRevision != token {
+		return false, nil
+	}
+	kv := r.Kvs[0]
+	rec := decodeRecord(kv.Value)
+	h := &held{name: name, key: string(kv.Key), id: clientv3.LeaseID(kv.Lease), token: token, modRev: kv.ModRevision, rec: rec, session: rec.Session}
+	return m.end(ctx, h, endForced)
+}

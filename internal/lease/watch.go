@@ -1,0 +1,231 @@
+package lease
+
+import (
+	"context"
+	"errors"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// ErrCompacted: the requested start revision is no longer in etcd's history.
+var ErrCompacted = errors.New("lease: start revision compacted away; start again from the current state (start_revision 0)")
+
+// EndReason is how a grant ended.
+type EndReason int
+
+// End reasons.
+const (
+	EndExpired  EndReason = iota + 1 // lease ran out (or withdrawn unmarked)
+	EndReleased                      // clean release with the handle
+	EndForced                        // ForceRelease
+)
+
+// AwaitEnd blocks until the grant (name, token, handle) ends and says how.
+// It returns at once with EndExpired if the grant is already gone.
+func (m *Manager) AwaitEnd(ctx context.Context, name string, token int64, handle string) (EndReason, error) {
+	id, _, err := parseHandle(handle)
+	if err != nil {
+		return 0, err
+	}
+	key := m.ks.key(name, id)
+	for {
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		reason, err := m.awaitEnd(wctx, name, key, token)
+		cancel()
+		if err == errRewatch {
+			continue
+		}
+		return reason, err
+	}
+}
+
+var errRewatch = errors.New("watch broke")
+
+func (m *Manager) awaitEnd(ctx context.Context, name, key string, token int64) (EndReason, error) {
+	wch := m.cli.Watch(ctx, key, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
+	for {
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case wr, ok := <-wch:
+			if !ok || wr.Canceled {
+				if ctx.Err() != nil {
+					return 0, ctx.Err()
+				}
+				return 0, errRewatch
+			}
+			if wr.Created {
+				r, err := m.cli.Get(ctx, key)
+				if err != nil {
+					return 0, m.etcdErr(ctx, "read grant", err)
+				}
+				if len(r.Kvs) == 0 || r.Kvs[0].CreateRevision != token {
+					return EndExpired, nil
+				}
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					return m.endAt(context.WithoutCancel(ctx), name, token, ev.Kv.ModRevision), nil
+				}
+			}
+		}
+	}
+}
+
+// EventKind is a kind of Watch event.
+type EventKind int
+
+// Watch event kinds.
+const (
+	EventCurrent EventKind = iota + 1
+	EventAcquired
+	EventReleased
+	EventExpired
+	EventForceReleased
+)
+
+// Event is one change of a lock's holder.
+type Event struct {
+	Kind     EventKind
+	Revision int64
+	Holder   *Holder // nil for EventCurrent on a free lock
+}
+
+// Watch calls emit with the lock's current holder (EventCurrent), then with
+// every change of holder in revision order, until ctx ends or emit fails.
+// With startRev > 0 it skips the current state and replays every change
+// from that revision on (ErrCompacted if etcd no longer has it).
+func (m *Manager) Watch(ctx context.Context, name string, startRev int64, emit func(Event) error) error {
+	if err := ValidateName("name", name, false); err != nil {
+		return err
+	}
+	if startRev < 0 {
+		return fieldErr("start_revision", "must not be negative, got %d", startRev)
+	}
+	queue := m.ks.Queue(name)
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if startRev > 0 {
+		opts = append(opts, clientv3.WithRev(startRev-1))
+	}
+	r, err := m.cli.Get(ctx, queue, opts...)
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrCompacted) || errors.Is(err, rpctypes.ErrFutureRev) {
+			if errors.Is(err, rpctypes.ErrFutureRev) {
+				return fieldErr("start_revision", "is beyond etcd's current revision")
+			}
+			return ErrCompacted
+		}
+		return m.etcdErr(ctx, "read queue", err)
+	}
+	state := map[string]*mvccpb.KeyValue{}
+	for _, kv := range r.Kvs {
+		state[string(kv.Key)] = kv
+	}
+	from := startRev
+	if startRev == 0 {
+		from = r.Header.Revision + 1
+		if err := emit(Event{Kind: EventCurrent, Revision: r.Header.Revision, Holder: holderOf(name, head(state))}); err != nil {
+			return err
+		}
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := m.cli.Watch(wctx, queue, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithPrevKV())
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case wr, ok := <-wch:
+			if !ok {
+				return m.etcdErr(ctx, "watch", ctx.Err())
+			}
+			if wr.CompactRevision != 0 {
+				return ErrCompacted
+			}
+			if err := wr.Err(); err != nil {
+				return m.etcdErr(ctx, "watch", err)
+			}
+			evs := wr.Events
+			for len(evs) > 0 {
+				rev := evs[0].Kv.ModRevision
+				n := 1
+				for n < len(evs) && evs[n].Kv.ModRevision == rev {
+					n++
+				}
+				if err := m.apply(ctx, name, state, evs[:n], rev, emit); err != nil {
+					return err
+				}
+				evs = evs[n:]
+			}
+		}
+	}
+}
+
+// apply folds one revision's events into state and emits the holder change.
+func (m *Manager) apply(ctx context.Context, name string, state map[string]*mvccpb.KeyValue, evs []*clientv3.Event, rev int64, emit func(Event) error) error {
+	before := head(state)
+	var ended *mvccpb.KeyValue
+	for _, ev := range evs {
+		k := string(ev.Kv.Key)
+		if ev.Type == clientv3.EventTypeDelete {
+			if before != nil && k == string(before.Key) {
+				ended = state[k]
+				if ev.PrevKv != nil {
+					ended = ev.PrevKv
+				}
+			}
+			delete(state, k)
+			continue
+		}
+		state[k] = ev.Kv
+	}
+	after := head(state)
+	if before != nil && (after == nil || after.CreateRevision != before.CreateRevision) {
+		if ended == nil {
+			ended = before
+		}
+		kind := map[EndReason]EventKind{EndExpired: EventExpired, EndReleased: EventReleased, EndForced: EventForceReleased}[m.endAt(ctx, name, ended.CreateRevision, rev)]
+		if err := emit(Event{Kind: kind, Revision: rev, Holder: holderOf(name, ended)}); err != nil {
+			return err
+		}
+	}
+	if after != nil && (before == nil || after.CreateRevision != before.CreateRevision) {
+		if err := emit(Event{Kind: EventAcquired, Revision: rev, Holder: holderOf(name, after)}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func head(state map[string]*mvccpb.KeyValue) *mvccpb.KeyValue {
+	var h *mvccpb.KeyValue
+	for _, kv := range state {
+		if h == nil || kv.CreateRevision < h.CreateRevision {
+			h = kv
+		}
+	}
+	return h
+}
+
+func holderOf(name string, kv *mvccpb.KeyValue) *Holder {
+	if kv == nil {
+		return nil
+	}
+	return &Holder{Name: name, Token: kv.CreateRevision, Owner: decodeRecord(kv.Value).Owner}
+}
+
+// Resume confirms a live grant for a new Hold stream and renews it.
+func (m *Manager) Resume(ctx context.Context, name string, token int64, handle string) (*Grant, error) {
+	h, err := m.lookup(ctx, name, token, handle)
+	if err != nil {
+		return nil, err
+	}
+	r, err := m.KeepAlive(ctx, name, token, handle)
+	if err != nil {
+		return nil, err
+	}
+	return &Grant{Name: name, Token: token, Handle: handle, LeaseID: int64(h.id), TTL: r.TTL,
+		ExpiresAt: r.ExpiresAt, SafeUntil: r.SafeUntil, AcquiredAt: unixTime(h.rec.Acquired), Resumed: true}, nil
+}

@@ -1,0 +1,48 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/fence"
+)
+
+// FenceService implements coordinatorv1.FenceServiceServer: operators'
+// view of the per-resource high-water marks.
+type FenceService struct {
+	coordinatorv1.UnimplementedFenceServiceServer
+	fence *fence.Validator
+	log   *slog.Logger
+}
+
+// FenceService returns the mark handlers over the same validator as s.
+func (s *LockService) FenceService() *FenceService {
+	return &FenceService{fence: s.fence, log: s.log}
+}
+
+func markPB(m *fence.Mark) *coordinatorv1.Mark {
+	return &coordinatorv1.Mark{Resource: m.Resource, Token: m.Token, Lock: m.Lock, UpdatedAt: timestamp(m.UpdatedAt)}
+}
+
+// GetMark implements coordinatorv1.FenceServiceServer.
+func (s *FenceService) GetMark(ctx context.Context, req *coordinatorv1.GetMarkRequest) (*coordinatorv1.GetMarkResponse, error) {
+	m, err := s.fence.GetMark(ctx, req.GetResource())
+	if err != nil {
+		return nil, toStatus(ctx, s.log, "GetMark", err)
+	}
+	return &coordinatorv1.GetMarkResponse{Mark: markPB(m)}, nil
+}
+
+// ListMarks implements coordinatorv1.FenceServiceServer.
+func (s *FenceService) ListMarks(ctx context.Context, req *coordinatorv1.ListMarksRequest) (*coordinatorv1.ListMarksResponse, error) {
+	ms, next, err := s.fence.ListMarks(ctx, req.GetPrefix(), int(req.GetPageSize()), req.GetPageToken())
+	if err != nil {
+		return nil, toStatus(ctx, s.log, "ListMarks", err)
+	}
+	resp := &coordinatorv1.ListMarksResponse{NextPageToken: next}
+	for i := range ms {
+		resp.Marks = append(resp.Marks, markPB(&ms[i]))
+	}
+	return resp, nil
+}
