@@ -26,7 +26,7 @@ test:
 test-short:
 	$(GO) test -short -count=1 ./...
 
-## bench: the full side-by-side benchmark (coordinatord vs etcd Mutex, v3lock, linearizable Get; ~20 min on 2 cores);
+## bench: the full side-by-side benchmark (coordinatord vs etcd Mutex, v3lock, linearizable Get; ~15 min on 2 cores);
 ## writes docs/benchmarks/results.md and chart.svg, CPU profiles into bin/profiles (pass flags with ARGS=...)
 bench:
 	$(GO) build -o $(BIN)/coordbench ./cmd/coordbench
