@@ -34,7 +34,7 @@ CHAOS_RUNS ?= 20
 chaos:
 	CHAOS_RUNS=$(CHAOS_RUNS) $(GO) test -count=1 -timeout 60m -run 'TestChaosRandomized' -v ./internal/chaos
 
-## bench: the full side-by-side benchmark (coordinatord vs etcd Mutex, v3lock, linearizable Get; ~20 min on 2 cores);
+## bench: the full side-by-side benchmark (coordinatord vs etcd Mutex, v3lock, linearizable Get; ~15 min on 2 cores);
 ## writes docs/benchmarks/results.md and chart.svg, CPU profiles into bin/profiles (pass flags with ARGS=...)
 bench:
 	$(GO) build -o $(BIN)/coordbench ./cmd/coordbench
