@@ -55,6 +55,10 @@ type run struct {
 	pauseOneIn int
 	wantStale  bool
 	seed       uint64
+	// after: the workload runs at least this long after the fault function
+	// returns (a slow fault, such as a full cluster restart on a loaded
+	// machine, must still leave time to observe the recovery).
+	after time.Duration
 }
 
 type result struct {
@@ -72,15 +76,25 @@ func (r run) exec(t *testing.T, e *chaos.Env, fault func(ctx context.Context, w 
 		r.perName = 3
 	}
 	w := &chaos.Workload{Replicas: clients(e), Names: r.names, ClientsPerName: r.perName, PauseOneIn: r.pauseOneIn, Seed: r.seed}
-	ctx, cancel := context.WithTimeout(context.Background(), r.d)
+	if r.after == 0 {
+		r.after = 4 * time.Second
+	}
+	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	defer cancel()
+	end := time.Now().Add(r.d)
+	fctx, fcancel := context.WithDeadline(ctx, end)
+	defer fcancel()
 	done := make(chan struct{})
 	go func() { defer close(done); w.Run(ctx) }()
 	if fault != nil {
-		fault(ctx, w)
+		fault(fctx, w)
+		if late := time.Now().Add(r.after); late.After(end) {
+			end = late
+		}
 	}
-	<-ctx.Done()
+	time.Sleep(time.Until(end))
+	cancel()
 	<-done
 	return check(t, w, r.wantStale)
 }
