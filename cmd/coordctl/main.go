@@ -72,7 +72,8 @@ Commands:
 
 Every flag may come before or after the command's arguments ("--flag" and "-flag" are the same).
 ` + connectionHelp + `
-Output: tables by default; -o json prints one JSON object (watch: one per line) for scripts.
+Output: tables by default; -o json ($COORDCTL_OUTPUT=json) prints one JSON object (watch: one
+per line) for scripts. Errors go to stderr.
 
 exec runs COMMAND in its own process group with, in its environment:
   COORDINATOR_LOCK        the lock name
@@ -82,7 +83,8 @@ exec runs COMMAND in its own process group with, in its environment:
 SIGINT, SIGTERM and SIGHUP sent to coordctl are forwarded to COMMAND's process group. If the
 lock is lost (the coordinator says so, or its safe-until time passes without a confirmed
 renewal: before the lease can expire), COMMAND's process group gets SIGTERM at once and SIGKILL
-after --grace, and coordctl exits with 7. COMMAND does not get the terminal's input.
+after --grace, and coordctl exits with 7. COMMAND reads coordctl's standard input, unless that is
+a terminal (then none: a background process group reading a terminal would be stopped).
 
 ` + exitCodesHelp + `
 Examples:
@@ -143,6 +145,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch cmd {
 	case "help":
 		if len(rest) == 1 && commands[rest[0]] != nil {
+			e.name = "coordctl " + rest[0]
 			return commands[rest[0]](e, []string{"-help"})
 		}
 		fmt.Fprint(stdout, usageText)
