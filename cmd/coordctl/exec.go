@@ -92,7 +92,17 @@ func cmdExec(e *env, args []string) int {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
+	interrupted := ctx.Err() != nil // a signal between the grant and signal.Notify
 	stopSignals()
+	if interrupted {
+		e.release(lock)
+		fmt.Fprintf(e.stderr, "%s: interrupted before COMMAND started; the lock was released\n", e.name)
+		return exitError
+	}
+	if err := lock.Err(); err != nil { // a long confirmation, a pause: lost before COMMAND starts
+		fmt.Fprintf(e.stderr, "%s: the lock %q was lost before COMMAND started: %v\n", e.name, lock.Name(), err)
+		return exitLost
+	}
 
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(),

@@ -116,6 +116,19 @@ var commands = map[string]func(*env, []string) int{
 	"exec":          cmdExec,
 }
 
+// examples are shown by each command's -help.
+var examples = map[string]string{
+	"acquire":       "  coordctl acquire reports/nightly --ttl 30s --owner host-a\n  coordctl -o json acquire reports/nightly --wait 0s\n",
+	"release":       "  coordctl release reports/nightly 2 37e4a22c1a896b0b.PFYm0S4XyxAiKJjn0KXMdA\n",
+	"keepalive":     "  coordctl keepalive reports/nightly 2 37e4a22c1a896b0b.PFYm0S4XyxAiKJjn0KXMdA\n",
+	"validate":      "  coordctl validate reports/nightly 2\n  coordctl -o json validate reports/nightly 2 --resource s3/reports\n",
+	"describe":      "  coordctl describe reports/nightly\n",
+	"list":          "  coordctl list\n  coordctl -o json list reports/\n",
+	"watch":         "  coordctl watch reports/nightly\n  coordctl -o json watch reports/nightly --start-revision 42\n",
+	"force-release": "  coordctl force-release reports/nightly 2\n",
+	"exec":          "  coordctl exec jobs/backup --ttl 10s -- ./backup.sh\n  coordctl exec jobs/backup --wait 0s --grace 30s -- sh -c 'backup --fence-token \"$COORDINATOR_TOKEN\"'\n",
+}
+
 // env is what a command needs: the connection flags, the output format and
 // where to write.
 type env struct {
@@ -177,6 +190,9 @@ func (e *env) setUsage(fs *flag.FlagSet, synopsis string) {
 	fs.Usage = func() {
 		fmt.Fprintf(e.stderr, "Usage: %s %s\n\nFlags:\n", e.name, synopsis)
 		fs.PrintDefaults()
+		if ex := examples[strings.TrimPrefix(e.name, "coordctl ")]; ex != "" {
+			fmt.Fprint(e.stderr, "\nExamples:\n"+ex)
+		}
 		fmt.Fprint(e.stderr, "\n"+exitCodesHelp)
 	}
 }

@@ -313,6 +313,11 @@ func TestHelpAndCompletion(t *testing.T) {
 			t.Errorf("help lacks %q", want)
 		}
 	}
+	for _, c := range []string{"acquire", "release", "keepalive", "validate", "describe", "list", "watch", "force-release", "exec"} {
+		if r := must(t, 0, c, "--help"); !strings.Contains(r.stderr, "Usage: coordctl "+c) || !strings.Contains(r.stderr, "Examples:\n  coordctl ") {
+			t.Errorf("%s --help:\n%s", c, r.stderr)
+		}
+	}
 	r = must(t, 0, "completion", "bash")
 	if !strings.Contains(r.stdout, "complete -o default -F _coordctl coordctl") {
 		t.Fatalf("completion script:\n%s", r.stdout)
