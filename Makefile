@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := $(CURDIR)/bin
 ARGS    ?=
 
-.PHONY: all build run test test-short generate lint verify tools grpcurl clean bench bench-quick bench-go
+.PHONY: all build run test test-short chaos generate lint verify tools grpcurl clean bench bench-quick bench-go
 
 all: build
 
@@ -29,7 +29,13 @@ test:
 test-short:
 	$(GO) test -short -count=1 ./...
 
-## bench: the full side-by-side benchmark (coordinatord vs etcd Mutex, v3lock, linearizable Get; ~20 min on 2 cores);
+## chaos: CHAOS_RUNS randomized fault schedules (default 20) against a 3-member etcd cluster, each
+## history checked for linearizability; each run prints its seed, CHAOS_SEED=n replays one
+CHAOS_RUNS ?= 20
+chaos:
+	CHAOS_RUNS=$(CHAOS_RUNS) $(GO) test -count=1 -timeout 60m -run 'TestChaosRandomized' -v ./internal/chaos
+
+## bench: the full side-by-side benchmark (coordinatord vs etcd Mutex, v3lock, linearizable Get; ~15 min on 2 cores);
 ## writes docs/benchmarks/results.md and chart.svg, CPU profiles into bin/profiles (pass flags with ARGS=...)
 bench:
 	$(GO) build -o $(BIN)/coordbench ./cmd/coordbench

@@ -683,7 +683,13 @@ func (m *Manager) watchOwn(ctx context.Context, a *attempt, markLost func(), cre
 		case wr, ok := <-wch:
 			if !ok || wr.Canceled {
 				if first {
-					created <- fmt.Errorf("watch of own queue entry closed: %v", wr.Err())
+					// %w keeps etcd's error (no leader, ...) visible to
+					// classify: UNAVAILABLE, not INTERNAL.
+					err := wr.Err()
+					if err == nil {
+						err = rpctypes.ErrTimeoutDueToConnectionLost
+					}
+					created <- fmt.Errorf("watch of own queue entry closed: %w", err)
 				}
 				return // the keepalive loop still detects a lost lease
 			}
@@ -746,7 +752,9 @@ func (m *Manager) awaitDelete(ctx context.Context, key string, wch clientv3.Watc
 // keepWaiterAlive renews a waiter's leases every third of the TTL until ctx
 // ends; it calls markLost if the lease is gone.
 func (m *Manager) keepWaiterAlive(ctx context.Context, a *attempt, markLost func()) {
-	t := time.NewTicker(max(time.Duration(a.ttl)*time.Second/3, 100*time.Millisecond))
+	every := max(time.Duration(a.ttl)*time.Second/3, 100*time.Millisecond)
+	retry := min(every, 250*time.Millisecond) // after a failed renewal: sooner
+	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
 		select {
@@ -754,13 +762,18 @@ func (m *Manager) keepWaiterAlive(ctx context.Context, a *attempt, markLost func
 			return
 		case <-t.C:
 		}
-		_, err := m.renew(ctx, a.id, a.delay)
-		if errors.Is(err, ErrNotHeld) {
+		rctx, cancel := context.WithTimeout(ctx, every)
+		_, err := m.renew(rctx, a.id, a.delay)
+		cancel()
+		switch {
+		case errors.Is(err, ErrNotHeld):
 			markLost()
 			return
-		}
-		if err != nil && ctx.Err() == nil {
-			m.log.Warn("renewing a waiter's lease failed; will retry", "lease", formatLease(a.id), "err", err)
+		case err != nil && ctx.Err() == nil:
+			m.log.Warn("renewing a waiter's lease failed; retrying", "lease", formatLease(a.id), "err", err)
+			t.Reset(retry)
+		default:
+			t.Reset(every)
 		}
 	}
 }

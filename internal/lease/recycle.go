@@ -103,6 +103,16 @@ func (m *Manager) endAt(ctx context.Context, name string, token, rev int64) EndR
 	return EndExpired
 }
 
+// endedAlready says how the grant of name with token ended, from the
+// lock's latest end marker (EndExpired if that marker is another grant's).
+func (m *Manager) endedAlready(ctx context.Context, name string, token int64) EndReason {
+	r, err := m.cli.Get(ctx, m.ks.ended(name))
+	if err != nil || len(r.Kvs) == 0 {
+		return EndExpired
+	}
+	return m.endAt(ctx, name, token, r.Kvs[0].ModRevision)
+}
+
 // end removes the grant h in one transaction, recording how it ended; a
 // clean release also removes the lock-delay key. Then the grant's lease is
 // recycled (released) or revoked in the background (forced); a session's

@@ -62,7 +62,9 @@ func (m *Manager) awaitEnd(ctx context.Context, name, key string, token int64) (
 					return 0, m.etcdErr(ctx, "read grant", err)
 				}
 				if len(r.Kvs) == 0 || r.Kvs[0].CreateRevision != token {
-					return EndExpired, nil
+					// Already gone: its end marker, if it is still the
+					// latest of this lock, says how.
+					return m.endedAlready(context.WithoutCancel(ctx), name, token), nil
 				}
 			}
 			for _, ev := range wr.Events {

@@ -283,20 +283,21 @@ func TestExpiryHandsOver(t *testing.T) {
 
 func TestKeepAliveKeepsTheLock(t *testing.T) {
 	e := newEnv(t)
-	g := e.acquire("kept", time.Second)
-	if g.Ttl.AsDuration() != time.Second {
-		t.Fatalf("granted TTL %v, want 1s", g.Ttl.AsDuration())
+	const ttl = 2 * time.Second // renewals every ttl/5: robust on a slow -race run
+	g := e.acquire("kept", ttl)
+	if g.Ttl.AsDuration() != ttl {
+		t.Fatalf("granted TTL %v, want %v", g.Ttl.AsDuration(), ttl)
 	}
-	if time.Until(g.ExpiresAt.AsTime()) > time.Second {
+	if time.Until(g.ExpiresAt.AsTime()) > ttl {
 		t.Fatalf("expires_at %v is more than the TTL away", g.ExpiresAt.AsTime())
 	}
-	for range 8 { // 2s: twice the TTL
-		time.Sleep(250 * time.Millisecond)
+	for range 12 { // 4.8s: more than twice the TTL
+		time.Sleep(ttl / 5)
 		r, err := e.lc.KeepAlive(ctxT(t, 5*time.Second), &coordinatorv1.KeepAliveRequest{Name: "kept", Token: g.Token, Handle: g.Handle})
 		if err != nil {
 			t.Fatalf("KeepAlive: %v", err)
 		}
-		if r.Ttl.AsDuration() != time.Second || !r.ExpiresAt.AsTime().After(g.ExpiresAt.AsTime()) {
+		if r.Ttl.AsDuration() != ttl || !r.ExpiresAt.AsTime().After(g.ExpiresAt.AsTime()) {
 			t.Fatalf("KeepAlive answered ttl %v expires_at %v", r.Ttl.AsDuration(), r.ExpiresAt.AsTime())
 		}
 	}

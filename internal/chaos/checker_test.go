@@ -1,0 +1,146 @@
+package chaos_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"google.golang.org/grpc"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/chaos"
+)
+
+// h builds a sequential history on name "x": each op takes [10i, 10i+5].
+func h(ops ...chaos.Op) []chaos.Op {
+	for i := range ops {
+		ops[i].Name = "x"
+		ops[i].Call, ops[i].Return = int64(10*i), int64(10*i+5)
+	}
+	return ops
+}
+
+func acq(c int, tok int64) chaos.Op {
+	return chaos.Op{Client: c, Kind: chaos.Acquire, Token: tok, Outcome: chaos.OK}
+}
+func op(c int, k chaos.Kind, tok int64, o chaos.Outcome) chaos.Op {
+	return chaos.Op{Client: c, Kind: k, Token: tok, Outcome: o}
+}
+
+// TestCheckerCatchesFaultyHistories runs the checker on recorded histories
+// of deliberately broken builds: each must be Illegal. The legal ones next
+// to them show the model is not simply strict.
+func TestCheckerCatchesFaultyHistories(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ops  []chaos.Op
+		want porcupine.CheckResult
+	}{
+		{"legal hand-off with expiry", h(acq(1, 10), op(1, chaos.Validate, 10, chaos.OK), acq(2, 12), op(1, chaos.Validate, 10, chaos.Failed), op(1, chaos.Release, 10, chaos.Failed), op(2, chaos.Release, 12, chaos.OK)), porcupine.Ok},
+		{"legal: ambiguous ops have any outcome", h(acq(1, 10), op(1, chaos.Release, 10, chaos.Ambiguous), op(2, chaos.Acquire, 0, chaos.Ambiguous), acq(2, 15), op(2, chaos.Validate, 15, chaos.OK)), porcupine.Ok},
+		// A validation that skips the holder check: the superseded token 10
+		// is called valid after 12 was granted.
+		{"valid for a superseded token", h(acq(1, 10), acq(2, 12), op(1, chaos.Validate, 10, chaos.OK)), porcupine.Illegal},
+		// Tokens taken from the lease id: not increasing per name.
+		{"tokens not increasing", h(acq(1, 7_000_000_001), op(1, chaos.Release, 7_000_000_001, chaos.OK), acq(2, 6_999_000_000)), porcupine.Illegal},
+		{"same token granted twice", h(acq(1, 10), acq(2, 10)), porcupine.Illegal},
+		{"valid after the holder saw it expire", h(acq(1, 10), op(1, chaos.KeepAlive, 10, chaos.Failed), op(2, chaos.Validate, 10, chaos.OK)), porcupine.Illegal},
+		{"released with someone else's token", h(acq(1, 10), op(2, chaos.ReleaseOther, 10, chaos.OK)), porcupine.Illegal},
+		{"renewed after release", h(acq(1, 10), op(1, chaos.Release, 10, chaos.OK), op(1, chaos.KeepAlive, 10, chaos.OK)), porcupine.Illegal},
+		{"valid after release, even if that release's answer was lost", h(acq(1, 10), op(1, chaos.Release, 10, chaos.OK), op(1, chaos.Validate, 10, chaos.OK)), porcupine.Illegal},
+		{"resource: valid for the holder advances the mark", h(acq(1, 10), op(1, chaos.ValidateResource, 10, chaos.OK), op(1, chaos.Release, 10, chaos.OK), acq(2, 12), op(2, chaos.ValidateResource, 12, chaos.OK), op(1, chaos.ValidateResource, 10, chaos.Failed)), porcupine.Ok},
+		{"resource: valid for a superseded token", h(acq(1, 10), acq(2, 12), op(2, chaos.ValidateResource, 12, chaos.OK), op(1, chaos.ValidateResource, 10, chaos.OK)), porcupine.Illegal},
+		{"valid while never granted", h(op(1, chaos.Validate, 10, chaos.OK)), porcupine.Illegal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := chaos.CheckLinearizable(tc.ops, 10*time.Second)
+			if v.Result != tc.want {
+				t.Fatalf("verdict %s, want %s", v.Result, tc.want)
+			}
+			if (v.Err() == nil) != (tc.want == porcupine.Ok) {
+				t.Fatalf("Err() = %v for %s", v.Err(), v.Result)
+			}
+		})
+	}
+}
+
+// TestCheckerConcurrentOverlap: overlapping calls may be ordered either way.
+func TestCheckerConcurrentOverlap(t *testing.T) {
+	ops := []chaos.Op{
+		{Client: 1, Name: "x", Kind: chaos.Acquire, Token: 10, Outcome: chaos.OK, Call: 0, Return: 5},
+		// Validate of 10 overlaps the grant of 12: valid is legal.
+		{Client: 1, Name: "x", Kind: chaos.Validate, Token: 10, Outcome: chaos.OK, Call: 10, Return: 30},
+		{Client: 2, Name: "x", Kind: chaos.Acquire, Token: 12, Outcome: chaos.OK, Call: 12, Return: 20},
+		// A different name is independent.
+		{Client: 3, Name: "y", Kind: chaos.Acquire, Token: 11, Outcome: chaos.OK, Call: 0, Return: 40},
+	}
+	if v := chaos.CheckLinearizable(ops, 10*time.Second); v.Err() != nil {
+		t.Fatal(v.Err())
+	}
+	ops[1].Call = 21 // now strictly after the grant of 12
+	if v := chaos.CheckLinearizable(ops, 10*time.Second); v.Result != porcupine.Illegal {
+		t.Fatalf("verdict %s, want Illegal", v.Result)
+	}
+}
+
+func TestUnknownIsFailure(t *testing.T) {
+	if (chaos.Verdict{Result: porcupine.Unknown}).Err() == nil {
+		t.Fatal("an unknown verdict passed")
+	}
+}
+
+func TestRegisterCheckerCatchesFaultyWrites(t *testing.T) {
+	good := []chaos.Write{
+		{Name: "x", Token: 10, Valid: true, Accepted: true},
+		{Name: "x", Token: 12, Valid: true, Accepted: true, HighWater: 10},
+		{Name: "x", Token: 10, Stale: true, HighWater: 12},
+	}
+	if rep := chaos.CheckRegister(good); len(rep.Violations) != 0 || rep.StaleRejected != 1 {
+		t.Fatalf("legal writes: %+v", rep)
+	}
+	for name, ws := range map[string][]chaos.Write{
+		"accepted below": {{Name: "x", Token: 12, Valid: true, Accepted: true}, {Name: "x", Token: 10, Valid: true, Accepted: true, HighWater: 12}},
+		"valid below":    {{Name: "x", Token: 12, Valid: true, Accepted: true}, {Name: "x", Token: 10, Valid: true, Stale: true, HighWater: 12}},
+	} {
+		if rep := chaos.CheckRegister(ws); len(rep.Violations) != 1 {
+			t.Errorf("%s: %d violations, want 1", name, len(rep.Violations))
+		}
+	}
+}
+
+// skipHolderCheck is a deliberately broken build: ValidateToken answers
+// valid for a superseded token (it skips the holder check and the
+// resource's mark).
+func skipHolderCheck(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	if v, ok := resp.(*coordinatorv1.ValidateTokenResponse); ok && (v.GetReason() == coordinatorv1.ValidateTokenResponse_REASON_SUPERSEDED || v.GetReason() == coordinatorv1.ValidateTokenResponse_REASON_FENCED) {
+		v.Valid = true
+	}
+	return resp, err
+}
+
+// TestCheckersCatchBrokenBuild runs the workload against replicas with the
+// broken validation: the recorded history must be judged not linearizable
+// and the register must report the stale token it was told was valid.
+func TestCheckersCatchBrokenBuild(t *testing.T) {
+	scenario(t, true)
+	e, err := chaos.NewEnv(t.TempDir(), 2, grpc.ChainUnaryInterceptor(skipHolderCheck))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	w := &chaos.Workload{Replicas: clients(e), Names: []string{"a"}, ClientsPerName: 3, PauseOneIn: 2}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	w.Run(ctx)
+	v := chaos.CheckLinearizable(w.Rec.Ops(), time.Minute)
+	reg := chaos.CheckRegister(w.Reg.Writes())
+	t.Logf("broken build: %d ops: %s; register violations: %v", v.Ops, v.Result, reg.Violations)
+	if v.Result != porcupine.Illegal {
+		t.Fatalf("verdict %s on the broken build, want Illegal", v.Result)
+	}
+	if len(reg.Violations) == 0 {
+		t.Fatal("the register checker missed the broken build")
+	}
+}

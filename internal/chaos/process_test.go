@@ -1,0 +1,137 @@
+package chaos_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/chaos"
+)
+
+// startDaemon builds cmd/coordinatord and runs it as a client of the
+// cluster; it returns the process and its gRPC address.
+func startDaemon(t *testing.T, endpoints []string) (*exec.Cmd, string) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "coordinatord")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/coordinatord/coordinatord/cmd/coordinatord").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--etcd-endpoints", strings.Join(endpoints, ","), "--key-prefix", chaos.KeyPrefix)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	addr := make(chan string, 1)
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var line map[string]any
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line["msg"] == "coordinatord serving" {
+				addr <- line["addr"].(string)
+			}
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		<-done
+		_ = cmd.Wait()
+	})
+	select {
+	case a := <-addr:
+		return cmd, a
+	case <-done:
+		t.Fatal("coordinatord exited before serving")
+	case <-time.After(60 * time.Second):
+		t.Fatal("coordinatord not serving after 60s")
+	}
+	return nil, ""
+}
+
+// TestSIGSTOPReplicaProcess freezes a coordinatord process (the replica,
+// not a client) for longer than the TTL while it serves a holder. The lock
+// passes on through the other replica; when the process resumes, whatever
+// it had in flight and whatever the old holder sends through it is refused.
+func TestSIGSTOPReplicaProcess(t *testing.T) {
+	scenario(t, false)
+	e := newEnv(t, 1)
+	cmd, addr := startDaemon(t, e.Cluster.ClientURLs())
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	lcs := []coordinatorv1.LockServiceClient{coordinatorv1.NewLockServiceClient(conn), e.Replicas[0].Client()}
+	r := run{d: scale(14 * time.Second), names: []string{"a"}, pauseOneIn: 4, wantStale: true}
+	w := &chaos.Workload{Replicas: lcs, Names: r.names, ClientsPerName: 3, PauseOneIn: r.pauseOneIn}
+	ctx, cancel := context.WithTimeout(context.Background(), r.d)
+	defer cancel()
+	bg := make(chan struct{})
+	go func() { defer close(bg); w.Run(ctx) }()
+
+	work := context.Background()
+	holder, other := w.Client(1000, "s"), w.Client(1001, "s")
+	holder.Use(0)
+	other.Use(1)
+	other.Wait = 15 * time.Second
+	g, ok := holder.Acquire(work)
+	if !ok || !holder.Write(work, g.GetToken(), false) {
+		t.Fatal("holder could not acquire and write through the process")
+	}
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	// A renewal sent to the frozen process: it cannot answer in time.
+	inflight := make(chan chaos.Outcome, 1)
+	go func() { inflight <- holder.KeepAlive(work, g) }()
+	g2, out := other.AcquireID(work, chaos.RequestID(), 1)
+	if out != chaos.OK || g2.GetToken() <= g.GetToken() {
+		t.Fatalf("through the other replica: %v token %d after %d", out, g2.GetToken(), g.GetToken())
+	}
+	if !other.Write(work, g2.GetToken(), false) {
+		t.Fatal("new holder's write refused")
+	}
+	time.Sleep(time.Until(stopped.Add(2*w.TTL + time.Second)))
+	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if o := <-inflight; o == chaos.OK {
+		t.Fatal("a renewal sent to the frozen replica succeeded after the lease had passed on")
+	}
+	holder.Use(0)
+	eventually(t, 30*time.Second, "the resumed process answers", func() bool {
+		_, err := lcs[0].ValidateToken(work, &coordinatorv1.ValidateTokenRequest{Name: "s", Token: g.GetToken()})
+		return err == nil
+	})
+	holder.Use(0)
+	if holder.Write(work, g.GetToken(), true) {
+		t.Fatal("stale write through the resumed process accepted")
+	}
+	holder.Use(0)
+	if holder.KeepAlive(work, g) == chaos.OK {
+		t.Fatal("the resumed process renewed a superseded grant")
+	}
+	other.Release(work, chaos.Release, g2.GetToken(), g2.GetHandle())
+	<-ctx.Done()
+	<-bg
+	check(t, w, true)
+}

@@ -1,0 +1,260 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/fence"
+	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/server"
+)
+
+// ServerLog, if set before replicas start, receives the handlers' logs
+// (such as the cause of an INTERNAL answer).
+var ServerLog *slog.Logger
+
+// KeyPrefix is the etcd key prefix of every replica.
+const KeyPrefix = "/chaos/"
+
+// Replica is one coordinator (lease manager, validator, gRPC server on
+// loopback) whose etcd client reaches each member through its own Proxy.
+type Replica struct {
+	ID      int
+	proxies []*Proxy
+	opts    []grpc.ServerOption
+
+	mu      sync.Mutex
+	addr    string
+	cli     *clientv3.Client
+	mgr     *lease.Manager
+	gs      *grpc.Server
+	conn    *grpc.ClientConn
+	lc      coordinatorv1.LockServiceClient
+	running bool
+}
+
+// NewReplica starts a replica with a proxy in front of every member of c.
+// opts are added to the gRPC server's (a test can inject a broken build).
+func NewReplica(id int, c *Cluster, opts ...grpc.ServerOption) (*Replica, error) {
+	r := &Replica{ID: id, opts: opts}
+	for i := range c.Size() {
+		p, err := NewProxy(strings.TrimPrefix(c.ClientURL(i), "http://"))
+		if err != nil {
+			r.Close()
+			return nil, err
+		}
+		r.proxies = append(r.proxies, p)
+	}
+	if err := r.Restart(); err != nil {
+		r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// Endpoints are the proxied etcd endpoints the replica uses.
+func (r *Replica) Endpoints() []string {
+	eps := make([]string, len(r.proxies))
+	for i, p := range r.proxies {
+		eps[i] = "http://" + p.Addr()
+	}
+	return eps
+}
+
+// Addr is the replica's gRPC address (kept across Crash and Restart).
+func (r *Replica) Addr() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.addr
+}
+
+// Client is a LockService client connected to the replica. It keeps working
+// across Crash and Restart (gRPC reconnects to the same address).
+func (r *Replica) Client() coordinatorv1.LockServiceClient {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lc
+}
+
+// Restart starts the replica (again) on its address.
+func (r *Replica) Restart() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running {
+		return nil
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            r.Endpoints(),
+		DialTimeout:          2 * time.Second,
+		DialKeepAliveTime:    time.Second,
+		DialKeepAliveTimeout: time.Second,
+		Logger:               zap.NewNop(),
+	})
+	if err != nil {
+		return err
+	}
+	mgr, err := lease.New(cli, lease.WithKeyPrefix(KeyPrefix))
+	if err != nil {
+		cli.Close()
+		return err
+	}
+	gs, _ := server.NewGRPCServer(server.NewLockService(mgr, fence.New(cli, mgr.Keyspace()), ServerLog), nil, server.WithServerOptions(r.opts...))
+	addr := r.addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	var lis net.Listener
+	for attempt := 0; ; attempt++ {
+		lis, err = net.Listen("tcp", addr)
+		if err == nil || attempt == 50 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		mgr.Close()
+		cli.Close()
+		return fmt.Errorf("chaos: replica %d listen: %w", r.ID, err)
+	}
+	go func() { _ = gs.Serve(lis) }()
+	r.addr = lis.Addr().String()
+	if r.conn == nil {
+		r.conn, err = grpc.NewClient(r.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			gs.Stop()
+			mgr.Close()
+			cli.Close()
+			return err
+		}
+		r.lc = coordinatorv1.NewLockServiceClient(r.conn)
+	}
+	r.cli, r.mgr, r.gs, r.running = cli, mgr, gs, true
+	return nil
+}
+
+// Crash cuts the replica off etcd first (so that it cleans nothing up), then
+// stops its server: in-flight calls fail, grants stay in etcd.
+func (r *Replica) Crash() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.running {
+		return
+	}
+	r.running = false
+	r.cli.Close()
+	r.gs.Stop()
+	r.mgr.Close()
+}
+
+// PartitionFromEtcd blackholes every proxy of the replica: its etcd calls
+// hang (and time out) while its gRPC server keeps answering.
+func (r *Replica) PartitionFromEtcd() {
+	for _, p := range r.proxies {
+		p.Set(Blackhole, 0)
+	}
+}
+
+// ResetEtcd closes the replica's etcd connections (they reconnect).
+func (r *Replica) ResetEtcd() {
+	for _, p := range r.proxies {
+		p.Set(Reset, 0)
+	}
+	time.Sleep(20 * time.Millisecond)
+	r.Heal()
+}
+
+// DelayEtcd adds d to every chunk between the replica and etcd.
+func (r *Replica) DelayEtcd(d time.Duration) {
+	for _, p := range r.proxies {
+		p.Set(Delay, d)
+	}
+}
+
+// Heal puts every proxy back to Pass.
+func (r *Replica) Heal() {
+	for _, p := range r.proxies {
+		p.Set(Pass, 0)
+	}
+}
+
+// Close crashes the replica, closes its client connection and proxies.
+func (r *Replica) Close() {
+	r.Crash()
+	r.mu.Lock()
+	if r.conn != nil {
+		r.conn.Close()
+		r.conn = nil
+	}
+	r.mu.Unlock()
+	for _, p := range r.proxies {
+		p.Close()
+	}
+}
+
+// Env is a cluster with replicas: what every scenario starts from.
+type Env struct {
+	Cluster  *Cluster
+	Replicas []*Replica
+	// Etcd is a direct (unproxied) client for assertions.
+	Etcd *clientv3.Client
+}
+
+// NewEnv starts a 3-member cluster under dir and n replicas.
+// opts go to every replica's gRPC server.
+func NewEnv(dir string, replicas int, opts ...grpc.ServerOption) (*Env, error) {
+	c, err := StartCluster(dir, 3)
+	if err != nil {
+		return nil, err
+	}
+	e := &Env{Cluster: c}
+	if e.Etcd, err = c.Client(); err != nil {
+		e.Close()
+		return nil, err
+	}
+	for i := range replicas {
+		r, err := NewReplica(i, c, opts...)
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		e.Replicas = append(e.Replicas, r)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := Ready(ctx, e.Etcd); err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// Close stops everything.
+func (e *Env) Close() {
+	for _, r := range e.Replicas {
+		r.Close()
+	}
+	if e.Etcd != nil {
+		e.Etcd.Close()
+	}
+	e.Cluster.Close()
+}
+
+// CountKeys counts the keys under KeyPrefix+sub (direct read).
+func (e *Env) CountKeys(ctx context.Context, sub string) (int64, error) {
+	r, err := e.Etcd.Get(ctx, KeyPrefix+sub, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, err
+	}
+	return r.Count, nil
+}
