@@ -126,6 +126,8 @@ func cmdAcquire(e *env, args []string) int {
 	if lf.wait.set {
 		req.Wait = durationpb.New(lf.wait.d)
 		extra = max(lf.wait.d, 0)
+	} else if err := e.waitReady(ctx, conn); err != nil {
+		return e.fail(err)
 	}
 	var resp *coordinatorv1.AcquireResponse
 	lc := coordinatorv1.NewLockServiceClient(conn)

@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -166,6 +167,24 @@ func (e *env) connect() (*grpc.ClientConn, int) {
 		return nil, exitUsage
 	}
 	return conn, -1
+}
+
+// waitReady waits up to --timeout for the connection to be up: an acquire
+// or exec without --wait has no deadline of its own, and must not retry a
+// coordinator that is down forever.
+func (e *env) waitReady(ctx context.Context, conn *grpc.ClientConn) error {
+	ctx, cancel := context.WithTimeout(ctx, e.conn.timeout)
+	defer cancel()
+	conn.Connect()
+	for {
+		s := conn.GetState()
+		if s == connectivity.Ready {
+			return nil
+		}
+		if !conn.WaitForStateChange(ctx, s) {
+			return status.Errorf(codes.Unavailable, "no connection to the coordinator at %s within --timeout %v (last state %v)", e.conn.addr, e.conn.timeout, s)
+		}
+	}
 }
 
 // call runs f with a --timeout (+ extra) deadline, retrying UNAVAILABLE with jittered

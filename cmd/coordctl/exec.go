@@ -80,6 +80,11 @@ func cmdExec(e *env, args []string) int {
 		cancel()
 		actx, cancel = context.WithTimeout(ctx, max(lf.wait.d, 0)+e.conn.timeout)
 	}
+	if err := e.waitReady(actx, conn); err != nil {
+		cancel()
+		stopSignals()
+		return e.fail(err)
+	}
 	lock, err := c.Acquire(actx, pos[0], opts...)
 	cancel()
 	if err != nil {

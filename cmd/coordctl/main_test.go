@@ -281,6 +281,8 @@ func TestUsageAndConnectionErrors(t *testing.T) {
 		{"INVALID_ARGUMENT from the server", []string{"acquire", "cli/x", "--ttl", "-5s"}, exitUsage, nil},
 		{"missing token file", []string{"list", "--token-file", "/nonexistent/token"}, exitUsage, nil},
 		{"unavailable", []string{"--addr", "127.0.0.1:1", "--timeout", "1s", "describe", "cli/x"}, exitUnavailable, nil},
+		{"acquire without --wait, unavailable", []string{"--addr", "127.0.0.1:1", "--timeout", "1s", "acquire", "cli/x"}, exitUnavailable, nil},
+		{"exec without --wait, unavailable", []string{"--addr", "127.0.0.1:1", "--timeout", "1s", "exec", "cli/x", "--", "true"}, exitUnavailable, nil},
 		{"unavailable from the environment", []string{"describe", "cli/x"}, exitUnavailable, []string{"COORDCTL_ADDR=127.0.0.1:1", "COORDCTL_TIMEOUT=1s"}},
 		{"help", []string{"--help"}, 0, nil},
 		{"command help", []string{"exec", "--help"}, 0, nil},
