@@ -7,9 +7,10 @@ ARGS    ?=
 
 all: build
 
-## build: compile the daemon into bin/coordinatord
+## build: compile the daemon and the CLI into bin/coordinatord and bin/coordctl
 build:
 	$(GO) build -o $(BIN)/coordinatord ./cmd/coordinatord
+	$(GO) build -o $(BIN)/coordctl ./cmd/coordctl
 
 ## run: start the daemon on 127.0.0.1:7070 with an embedded etcd in ./coordinatord-data (pass flags with ARGS=...)
 run: build

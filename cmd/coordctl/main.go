@@ -1,0 +1,282 @@
+// Command coordctl is the operator and scripting CLI of coordinatord: it
+// acquires, renews, releases, validates, describes, lists and watches locks,
+// and runs a command while holding one (exec).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/coordinatord/coordinatord/client"
+)
+
+// Exit codes. exec exits with its command's code instead, except when it
+// could not run it (the codes below) or when the lock was lost (exitLost).
+const (
+	exitOK          = 0
+	exitError       = 1 // anything else (the message says what)
+	exitUsage       = 2 // bad flags or arguments, or INVALID_ARGUMENT
+	exitNotAcquired = 3 // ABORTED: the lock is held by someone else (after --wait)
+	exitNotValid    = 4 // validate: not valid; keepalive: NOT_FOUND; release, force-release: released=false
+	exitUnavailable = 5 // UNAVAILABLE or the --timeout elapsed: retry later
+	exitDenied      = 6 // UNAUTHENTICATED or PERMISSION_DENIED
+	exitLost        = 7 // exec: the lock was lost while the command ran; it was terminated
+)
+
+const exitCodesHelp = `Exit codes:
+  0  ok
+  1  other error (the message on stderr says what)
+  2  usage error: bad flag or argument, or INVALID_ARGUMENT from the server
+  3  not acquired: the lock is held by someone else (ABORTED, after --wait)
+  4  not valid: validate answered valid=false; keepalive NOT_FOUND (the grant
+     is gone); release or force-release changed nothing (released=false)
+  5  unavailable: the coordinator did not answer within --timeout (UNAVAILABLE,
+     DEADLINE_EXCEEDED)
+  6  denied: UNAUTHENTICATED or PERMISSION_DENIED
+  7  exec only: the lock was lost while COMMAND ran; COMMAND was sent SIGTERM,
+     then SIGKILL after --grace
+  exec otherwise exits with COMMAND's exit code (128+N if killed by signal N).
+`
+
+const usageText = `coordctl: the command-line client of coordinatord.
+
+Usage:
+  coordctl [connection flags] COMMAND [flags] [arguments]
+
+Commands:
+  acquire NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D]
+                                 acquire a lock; print its token, handle and expiry.
+                                 Nothing renews it: use keepalive, or exec.
+  release NAME TOKEN HANDLE      release a grant
+  keepalive NAME TOKEN HANDLE    renew a grant once, for another full TTL
+  validate NAME TOKEN [--resource R]
+                                 is TOKEN the current holder's (and, with R, not below
+                                 the resource's high-water mark, which a valid answer raises)?
+  describe NAME                  the holder and the waiters of one lock
+  list [PREFIX]                  held locks whose names start with PREFIX
+  watch NAME [--count N]         stream a lock's changes until Ctrl-C (or N events)
+  force-release NAME TOKEN       end the grant TOKEN of NAME (admins only)
+  exec NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--grace D] -- COMMAND [ARGS...]
+                                 run COMMAND while holding NAME (renewed in the background);
+                                 release it when COMMAND exits; terminate COMMAND if it is lost
+  completion bash                print a bash completion script
+  help [COMMAND]                 this text, or a command's flags
+
+Every flag may come before or after the command's arguments ("--flag" and "-flag" are the same).
+` + connectionHelp + `
+Output: tables by default; -o json ($COORDCTL_OUTPUT=json) prints one JSON object (watch: one
+per line) for scripts. Errors go to stderr.
+
+exec runs COMMAND in its own process group with, in its environment:
+  COORDINATOR_LOCK        the lock name
+  COORDINATOR_TOKEN       the fencing token: pass it with every write to a protected resource
+  COORDINATOR_SAFE_UNTIL  RFC 3339 time until which the lock was known to be held at start
+                          (renewals move it forward; coordctl watches it for COMMAND)
+SIGINT, SIGTERM and SIGHUP sent to coordctl are forwarded to COMMAND's process group. If the
+lock is lost (the coordinator says so, or its safe-until time passes without a confirmed
+renewal: before the lease can expire), COMMAND's process group gets SIGTERM at once and SIGKILL
+after --grace, and coordctl exits with 7. COMMAND reads coordctl's standard input, unless that is
+a terminal (then none: a background process group reading a terminal would be stopped).
+
+` + exitCodesHelp + `
+Examples:
+  coordctl acquire reports/nightly --ttl 30s --owner host-a
+  coordctl -o json acquire reports/nightly --wait 0s
+  coordctl validate reports/nightly 2 --resource s3/reports
+  coordctl list reports/
+  coordctl watch reports/nightly
+  coordctl exec reports/nightly --ttl 10s -- ./make-report.sh
+  coordctl exec jobs/backup --wait 0s -- sh -c 'backup --fence-token "$COORDINATOR_TOKEN"'
+  COORDCTL_ADDR=coord.example:7070 COORDCTL_TLS_CA=ca.pem coordctl describe jobs/backup
+  source <(coordctl completion bash)
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// commands maps a command name to its implementation.
+var commands = map[string]func(*env, []string) int{
+	"acquire":       cmdAcquire,
+	"release":       cmdRelease,
+	"keepalive":     cmdKeepAlive,
+	"validate":      cmdValidate,
+	"describe":      cmdDescribe,
+	"list":          cmdList,
+	"watch":         cmdWatch,
+	"force-release": cmdForceRelease,
+	"exec":          cmdExec,
+}
+
+// examples are shown by each command's -help.
+var examples = map[string]string{
+	"acquire":       "  coordctl acquire reports/nightly --ttl 30s --owner host-a\n  coordctl -o json acquire reports/nightly --wait 0s\n",
+	"release":       "  coordctl release reports/nightly 2 37e4a22c1a896b0b.PFYm0S4XyxAiKJjn0KXMdA\n",
+	"keepalive":     "  coordctl keepalive reports/nightly 2 37e4a22c1a896b0b.PFYm0S4XyxAiKJjn0KXMdA\n",
+	"validate":      "  coordctl validate reports/nightly 2\n  coordctl -o json validate reports/nightly 2 --resource s3/reports\n",
+	"describe":      "  coordctl describe reports/nightly\n",
+	"list":          "  coordctl list\n  coordctl -o json list reports/\n",
+	"watch":         "  coordctl watch reports/nightly\n  coordctl -o json watch reports/nightly --start-revision 42\n",
+	"force-release": "  coordctl force-release reports/nightly 2\n",
+	"exec":          "  coordctl exec jobs/backup --ttl 10s -- ./backup.sh\n  coordctl exec jobs/backup --wait 0s --grace 30s -- sh -c 'backup --fence-token \"$COORDINATOR_TOKEN\"'\n",
+}
+
+// env is what a command needs: the connection flags, the output format and
+// where to write.
+type env struct {
+	conn   *connFlags
+	output string
+	stdout io.Writer
+	stderr io.Writer
+	name   string // the command's name, for messages
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	e := &env{conn: newConnFlags(stderr), output: envOr("OUTPUT", "table"), stdout: stdout, stderr: stderr, name: "coordctl"}
+	fs := e.flagSet("coordctl")
+	fs.Usage = func() { fmt.Fprint(stderr, usageText) }
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		fmt.Fprint(stderr, usageText)
+		return exitUsage
+	}
+	cmd, rest := rest[0], rest[1:]
+	switch cmd {
+	case "help":
+		if len(rest) == 1 && commands[rest[0]] != nil {
+			e.name = "coordctl " + rest[0]
+			return commands[rest[0]](e, []string{"-help"})
+		}
+		fmt.Fprint(stdout, usageText)
+		return exitOK
+	case "completion":
+		return cmdCompletion(e, rest)
+	}
+	f := commands[cmd]
+	if f == nil {
+		fmt.Fprintf(stderr, "coordctl: unknown command %q; run 'coordctl help'\n", cmd)
+		return exitUsage
+	}
+	e.name = "coordctl " + cmd
+	return f(e, rest)
+}
+
+// flagSet returns a FlagSet with the connection and output flags; every
+// command adds its own.
+func (e *env) flagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	e.conn.register(fs)
+	fs.StringVar(&e.output, "o", e.output, "output format: table or json ($COORDCTL_OUTPUT)")
+	return fs
+}
+
+// setUsage makes fs print the command's synopsis, flags and exit codes.
+func (e *env) setUsage(fs *flag.FlagSet, synopsis string) {
+	fs.Usage = func() {
+		fmt.Fprintf(e.stderr, "Usage: %s %s\n\nFlags:\n", e.name, synopsis)
+		fs.PrintDefaults()
+		if ex := examples[strings.TrimPrefix(e.name, "coordctl ")]; ex != "" {
+			fmt.Fprint(e.stderr, "\nExamples:\n"+ex)
+		}
+		fmt.Fprint(e.stderr, "\n"+exitCodesHelp)
+	}
+}
+
+// parse parses args with flags allowed anywhere among the positional
+// arguments (until "--"), and checks the output format and the number of
+// positional arguments (between min and max; max < 0: no limit). The exit
+// code is -1 when the command goes on.
+func (e *env) parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int, synopsis string) ([]string, int) {
+	e.setUsage(fs, synopsis)
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, exitOK
+			}
+			return nil, exitUsage
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	return pos, e.checkArgs(pos, minArgs, maxArgs, synopsis)
+}
+
+// checkArgs checks the output format and the number of positional
+// arguments; -1 when they are fine.
+func (e *env) checkArgs(pos []string, minArgs, maxArgs int, synopsis string) int {
+	if e.output != "table" && e.output != "json" {
+		fmt.Fprintf(e.stderr, "%s: -o %q: want table or json\n", e.name, e.output)
+		return exitUsage
+	}
+	if len(pos) < minArgs || (maxArgs >= 0 && len(pos) > maxArgs) {
+		fmt.Fprintf(e.stderr, "%s: wrong number of arguments\nUsage: %s %s\n", e.name, e.name, synopsis)
+		return exitUsage
+	}
+	return -1
+}
+
+// fail prints err and returns its exit code.
+func (e *env) fail(err error) int {
+	msg := err.Error()
+	if st, ok := status.FromError(err); ok {
+		msg = fmt.Sprintf("%s: %s", codeName(st.Code()), st.Message())
+	}
+	fmt.Fprintf(e.stderr, "%s: %s\n", e.name, msg)
+	return exitCode(err)
+}
+
+// exitCode maps an error to an exit code.
+func exitCode(err error) int {
+	if errors.Is(err, client.ErrLockHeld) {
+		return exitNotAcquired
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return exitUnavailable
+	}
+	switch status.Code(err) {
+	case codes.InvalidArgument:
+		return exitUsage
+	case codes.Aborted:
+		return exitNotAcquired
+	case codes.NotFound, codes.FailedPrecondition:
+		return exitNotValid
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return exitUnavailable
+	case codes.Unauthenticated, codes.PermissionDenied:
+		return exitDenied
+	}
+	return exitError
+}
+
+// codeName is a status code as the API documents it (NOT_FOUND).
+func codeName(c codes.Code) string {
+	s := c.String()
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && r >= 'A' && r <= 'Z' {
+			b.WriteByte('_')
+		}
+		b.WriteRune(r)
+	}
+	return strings.ToUpper(b.String())
+}
