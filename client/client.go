@@ -109,7 +109,8 @@ type options struct {
 type Option func(*options)
 
 // WithTransportCredentials sets the connection's credentials (default:
-// plaintext, insecure; the coordinator serves no TLS yet).
+// plaintext, for a loopback sidecar; use credentials.NewTLS for a daemon run
+// with -tls-cert, adding a client certificate when it sets -tls-client-ca).
 func WithTransportCredentials(c credentials.TransportCredentials) Option {
 	return func(o *options) { o.creds = c }
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/chaos"
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
@@ -233,16 +235,24 @@ func withMaxTTL(d time.Duration) lease.Option { return lease.WithMaxTTL(d) }
 // replica is a second coordinator on the same etcd, with its own etcd
 // client, lease manager and gRPC server.
 type replica struct {
-	cli  *clientv3.Client
-	mgr  *lease.Manager
-	gs   *grpc.Server
-	conn *grpc.ClientConn
-	lc   coordinatorv1.LockServiceClient
+	proxy *chaos.Proxy
+	cli   *clientv3.Client
+	mgr   *lease.Manager
+	gs    *grpc.Server
+	conn  *grpc.ClientConn
+	lc    coordinatorv1.LockServiceClient
 }
 
 func (e *env) replica() *replica {
 	t := e.t
-	cli, err := clientv3.New(clientv3.Config{Endpoints: e.etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	// The replica reaches etcd through a fault proxy, so that a crash can
+	// cut it off at once: nothing it does afterwards reaches etcd.
+	proxy, err := chaos.NewProxy(strings.TrimPrefix(e.etcd.Endpoints()[0], "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + proxy.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +270,7 @@ func (e *env) replica() *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &replica{cli: cli, mgr: mgr, gs: gs, conn: conn, lc: coordinatorv1.NewLockServiceClient(conn)}
+	r := &replica{cli: cli, mgr: mgr, gs: gs, conn: conn, lc: coordinatorv1.NewLockServiceClient(conn), proxy: proxy}
 	t.Cleanup(func() { r.crash() })
 	return r
 }
@@ -268,6 +278,7 @@ func (e *env) replica() *replica {
 // crash cuts the replica off etcd first (so it can clean nothing up), then
 // stops it.
 func (r *replica) crash() {
+	r.proxy.Set(chaos.Blackhole, 0)
 	r.cli.Close()
 	r.gs.Stop()
 	r.conn.Close()
