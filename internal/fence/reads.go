@@ -36,7 +36,11 @@ type readReq struct {
 	resp *pb.RangeResponse
 	err  error
 	done chan struct{}
-	lead chan struct{}
+	lead chan struct{} // a commit slot handed over to this caller
+	// handed is 1 while a slot sent on lead is not yet taken (guarded by
+	// reads.mu); a request is handed at most one slot at a time, so the
+	// send never blocks and no slot is ever lost.
+	handed int
 }
 
 // get runs op (a Get) linearizably, batched with concurrent ones.
@@ -54,10 +58,23 @@ func (r *reads) get(op clientv3.Op) (*pb.RangeResponse, error) {
 	}
 	for {
 		select {
-		case <-q.done:
-			return q.resp, q.err
 		case <-q.lead:
+			r.mu.Lock()
+			q.handed--
+			r.mu.Unlock()
 			r.commitRounds()
+		case <-q.done:
+			// A slot handed to us after another caller committed our read
+			// must still be used, or it would be lost.
+			r.mu.Lock()
+			n := q.handed
+			q.handed = 0
+			r.mu.Unlock()
+			for range n {
+				<-q.lead
+				r.commitRounds()
+			}
+			return q.resp, q.err
 		}
 	}
 }
@@ -72,11 +89,14 @@ func (r *reads) commitRounds() {
 			r.mu.Unlock()
 			return
 		}
-		if round == maxReadRounds {
-			next := r.pending[0]
-			r.mu.Unlock()
-			next.lead <- struct{}{}
-			return
+		if round >= maxReadRounds {
+			if next := r.handable(); next != nil {
+				next.handed = 1
+				next.lead <- struct{}{} // buffered and empty: never blocks
+				r.mu.Unlock()
+				return
+			}
+			// Every waiting caller already has a slot coming: go on.
 		}
 		n := min(len(r.pending), maxReadBatch)
 		batch := r.pending[:n:n]
@@ -84,6 +104,17 @@ func (r *reads) commitRounds() {
 		r.mu.Unlock()
 		r.commit(batch)
 	}
+}
+
+// handable returns the oldest pending request without a slot coming, or
+// nil; r.mu must be held.
+func (r *reads) handable() *readReq {
+	for _, p := range r.pending {
+		if p.handed == 0 {
+			return p
+		}
+	}
+	return nil
 }
 
 func (r *reads) commit(batch []*readReq) {
