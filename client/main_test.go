@@ -37,11 +37,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	coord.Stop()
 	if code == 0 {
-		if err := goleak.Find(
-			goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
-			goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
-			goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/logutil.(*MergeLogger).outputLoop"),
-		); err != nil {
+		if err := goleak.Find(testcoord.LeakIgnores...); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
 			code = 1
 		}

@@ -174,21 +174,12 @@ func (m *Manager) Acquire(ctx context.Context, name string, opts ...AcquireOptio
 		defer t.Stop()
 		timeout = t.C
 	}
-	for range 3 { // a resumed acquisition that vanishes is started afresh
-		a, g, err := m.start(ctx, parent, name, o)
-		if err != nil || g != nil {
-			return g, err
-		}
-		g, err = m.queued(ctx, parent, a, o, timeout)
-		if errors.Is(err, errVanished) {
-			continue
-		}
+	a, g, err := m.start(ctx, parent, name, o)
+	if err != nil || g != nil {
 		return g, err
 	}
-	return nil, fmt.Errorf("%w: the acquisition kept vanishing (concurrent retries withdrawing it?); retry", ErrUnavailable)
+	return m.queued(ctx, parent, a, o, timeout)
 }
-
-var errVanished = errors.New("resumed acquisition vanished")
 
 // start resumes the acquisition of o.requestID or joins the queue. It
 // returns a grant when granted at once, else the queued attempt.
@@ -435,16 +426,11 @@ func (m *Manager) queued(ctx, parent context.Context, a *attempt, o acquireOptio
 		return nil, &NotGrantedError{Name: a.name, HolderToken: holder}
 	}
 	if err := m.wait(ctx, parent, a, timeout); err != nil {
-		if !errors.Is(err, errVanished) {
-			m.withdraw(a)
-		}
+		m.withdraw(a)
 		return nil, err
 	}
 	g, err := m.claim(ctx, parent, a)
-	if err != nil {
-		if errors.Is(err, ErrLostWhileWaiting) || errors.Is(err, errVanished) {
-			return nil, err
-		}
+	if err != nil && !errors.Is(err, ErrLostWhileWaiting) {
 		m.withdraw(a)
 	}
 	return g, err

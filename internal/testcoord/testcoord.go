@@ -6,6 +6,7 @@ package testcoord
 import (
 	"context"
 	"fmt"
+	"go.uber.org/goleak"
 	"net"
 	"os"
 	"time"
@@ -86,4 +87,12 @@ func (c *Coordinator) Stop() {
 		c.etcd.Close()
 	}
 	os.RemoveAll(c.dir)
+}
+
+// LeakIgnores are the process-wide goroutines of grpc-go and etcd's
+// libraries that goroutine-leak checks (goleak) must not count.
+var LeakIgnores = []goleak.Option{
+	goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
+	goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+	goleak.IgnoreAnyFunction("go.etcd.io/etcd/pkg/v3/logutil.(*MergeLogger).outputLoop"),
 }
