@@ -72,7 +72,7 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&scenarioList, "scenarios", "uncontended,contended,validate,held", "scenarios to run")
 	fs.StringVar(&c.out, "out", "docs/benchmarks/results.md", "markdown report (also printed to stdout); empty: stdout only")
 	fs.StringVar(&c.svg, "svg", "docs/benchmarks/chart.svg", "SVG chart; empty: none")
-	fs.StringVar(&c.profileDir, "profile-dir", "", "if set, CPU profiles of coordinatord and etcd during the first repetition of the 64-client uncontended cells (coordinatord and Mutex) and validate cell (coordinatord) are written here")
+	fs.StringVar(&c.profileDir, "profile-dir", "", "if set, CPU profiles of coordinatord and etcd during the first repetition of each uncontended cell (coordinatord and Mutex) and validate cell (coordinatord) are written here")
 	fs.BoolVar(&c.whatif, "whatif", false, "also run three what-if systems in the uncontended scenario: coordinatord's etcd recipe done directly by the client (today's; with a reused lease and delete-on-release; and that with group commit)")
 	fs.StringVar(&c.dataDir, "data-dir", "", "etcd data directory (default: a new temporary directory, removed at the end)")
 	if err := fs.Parse(args); err != nil {
@@ -217,12 +217,12 @@ func bench1(cfg config) (rep *report, err error) {
 			for r := range cfg.reps {
 				for _, s := range rotate(uncontendedSystems, r) {
 					prof := ""
-					if cfg.profileDir != "" && n == 64 && r == 0 {
+					if cfg.profileDir != "" && r == 0 {
 						switch s {
 						case sysCoord:
-							prof = "uncontended-64"
+							prof = fmt.Sprintf("uncontended-%d", n)
 						case sysMutex:
-							prof = "uncontended-64-mutex" // etcd's profile under the peer's load
+							prof = fmt.Sprintf("uncontended-%d-mutex", n) // etcd's profile under the peer's load
 						}
 					}
 					progress(b.uncontended(cell{scenario: scUncontended, clients: n, system: s}, r, prof))
@@ -244,8 +244,8 @@ func bench1(cfg config) (rep *report, err error) {
 			for r := range cfg.reps {
 				for _, s := range rotate([]string{sysCoord, sysGet}, r) {
 					prof := ""
-					if cfg.profileDir != "" && s == sysCoord && n == 64 && r == 0 {
-						prof = "validate-64"
+					if cfg.profileDir != "" && s == sysCoord && r == 0 {
+						prof = fmt.Sprintf("validate-%d", n)
 					}
 					res, err := b.validate(cell{scenario: scValidate, clients: n, system: s}, r, prof)
 					if err != nil {

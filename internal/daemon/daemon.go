@@ -106,6 +106,10 @@ type Config struct {
 // reachability (the empty name "" stays SERVING until shutdown: liveness).
 const readyService = "coordinator.v1.LockService"
 
+// flowWindow is the HTTP/2 flow-control window of the etcd client's
+// streams and connection.
+const flowWindow = 1 << 20
+
 // Run serves until ctx is cancelled, then stops: it marks itself not
 // serving, ends every waiting Acquire (removing its queue key), stops gRPC
 // gracefully within ShutdownTimeout, and closes etcd.
@@ -137,6 +141,12 @@ func Run(ctx context.Context, cfg Config) error {
 		TLS:         etcdTLS,
 		Username:    cfg.EtcdUsername,
 		Password:    cfg.EtcdPassword,
+		// Fixed flow-control windows turn off gRPC's bandwidth estimator,
+		// which pings etcd for most responses: a packet each way per
+		// request for nothing (requests and answers here are small).
+		DialOptions: []grpc.DialOption{
+			grpc.WithInitialWindowSize(flowWindow), grpc.WithInitialConnWindowSize(flowWindow),
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("etcd client for %v: %w", endpoints, err)

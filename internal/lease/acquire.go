@@ -200,17 +200,28 @@ func (m *Manager) start(ctx, parent context.Context, name string, o acquireOptio
 // join writes a new queue key (and the request record, and the lock-delay
 // key if the lock is free) in one transaction.
 func (m *Manager) join(ctx, parent context.Context, name string, o acquireOptions) (*attempt, *Grant, error) {
+	return m.joinWith(ctx, parent, name, o, true)
+}
+
+// joinWith is join; recycle allows a pooled lease.
+func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOptions, recycle bool) (*attempt, *Grant, error) {
 	start := m.now()
 	a := &attempt{name: name, queue: m.ks.Queue(name)}
+	// refreshed, if not nil, delivers the refresh of a recycled lease, which
+	// runs alongside the join (a recycled lease was pooled less than half
+	// its TTL ago, so it lives; refreshed, it is as good as a new one).
+	var refreshed chan kaResult
 	if o.session != nil {
 		a.id, a.ttl, a.session = o.session.id, o.session.ttl, true
 	} else {
 		ttlSec := int64((o.ttl + time.Second - 1) / time.Second)
-		if id, ok := m.pool.get(ttlSec, start); ok {
-			// A recycled lease: refreshed, it is as good as a new one.
-			if ka, err := m.cli.KeepAliveOnce(ctx, id); err == nil && ka.TTL > 0 {
-				a.id, a.ttl = id, ka.TTL
-			}
+		if id, ok := m.pool.get(ttlSec, start); ok && recycle {
+			a.id, a.ttl = id, ttlSec
+			refreshed = make(chan kaResult, 1)
+			go func() {
+				ttl, err := m.keepAliveOnce(ctx, id)
+				refreshed <- kaResult{ttl, err}
+			}()
 		}
 		if a.id == 0 {
 			lr, err := m.cli.Grant(ctx, ttlSec)
@@ -220,6 +231,20 @@ func (m *Manager) join(ctx, parent context.Context, name string, o acquireOption
 			a.id, a.ttl = lr.ID, lr.TTL
 		}
 	}
+	// recycleFailed: the recycled lease turned out gone or unrenewable;
+	// the join is withdrawn and redone with a new lease.
+	recycleFailed := false
+	awaitRefresh := func() {
+		if refreshed == nil {
+			return
+		}
+		r := <-refreshed
+		refreshed = nil
+		if r.err != nil || r.ttl <= 0 {
+			recycleFailed = true
+		}
+	}
+	defer awaitRefresh() // every path waits for the refresh goroutine
 	cleanup := func() { m.withdraw(a) }
 	if o.lockDelay > 0 {
 		dl, err := m.cli.Grant(ctx, a.ttl+int64((o.lockDelay+time.Second-1)/time.Second))
@@ -292,6 +317,11 @@ func (m *Manager) join(ctx, parent context.Context, name string, o acquireOption
 	default:
 		res = m.batch.do(ctx, name, free, hold, queue)
 	}
+	awaitRefresh()
+	if recycleFailed && ctx.Err() == nil {
+		cleanup()
+		return m.joinWith(ctx, parent, name, o, false)
+	}
 	if err := res.err; err != nil {
 		cleanup()
 		return nil, nil, m.etcdErr(parent, "join queue", err)
@@ -325,6 +355,7 @@ func (m *Manager) join(ctx, parent context.Context, name string, o acquireOption
 		return a, nil, nil
 	}
 	a.rec = held
+	m.remember(a, res.rev)
 	return nil, m.grantOf(a, start, time.Duration(a.ttl)*time.Second), nil
 }
 
@@ -404,18 +435,18 @@ func (m *Manager) regrant(ctx, parent context.Context, a *attempt) (*Grant, erro
 // grant lease's TTL; ErrNotHeld if the grant's lease is gone.
 func (m *Manager) renew(ctx context.Context, id, delay clientv3.LeaseID) (int64, error) {
 	if delay != 0 {
-		if _, err := m.cli.KeepAliveOnce(ctx, delay); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		if _, err := m.keepAliveOnce(ctx, delay); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return 0, err
 		}
 	}
-	ka, err := m.cli.KeepAliveOnce(ctx, id)
+	ttl, err := m.keepAliveOnce(ctx, id)
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return 0, ErrNotHeld
 	}
 	if err != nil {
 		return 0, err
 	}
-	return ka.TTL, nil
+	return ttl, nil
 }
 
 // queued waits for a queued attempt to head the queue, then claims it.
@@ -467,6 +498,7 @@ func (m *Manager) tryClaim(ctx context.Context, a *attempt) (bool, error) {
 		return false, res.err
 	}
 	a.rec = held
+	m.remember(a, res.rev)
 	if r.err == nil {
 		a.refreshed, a.refreshedTTL = r.at, r.ttl
 	}
@@ -494,6 +526,7 @@ func (m *Manager) claim(ctx, parent context.Context, a *attempt) (*Grant, error)
 			return nil, ErrLostWhileWaiting
 		}
 		a.rec = held
+		m.remember(a, tr.Header.Revision)
 	}
 	if a.refreshedTTL > 0 { // refreshed alongside the claim
 		return m.grantOf(a, a.refreshed, time.Duration(a.refreshedTTL)*time.Second), nil

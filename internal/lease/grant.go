@@ -47,6 +47,26 @@ func (m *Manager) lookup(ctx context.Context, name string, token int64, handle s
 	return &held{name: name, key: key, id: id, token: token, modRev: kv.ModRevision, rec: rec, session: rec.Session}, nil
 }
 
+// cachedGrant returns the grant (name, token, handle) as this manager
+// granted it, or nil if it has no record of it (then lookup reads it).
+func (m *Manager) cachedGrant(name string, token int64, handle string) *held {
+	id, sum, err := parseHandle(handle)
+	if err != nil || token <= 0 {
+		return nil
+	}
+	key := m.ks.key(name, id)
+	g, ok := m.grants.get(key)
+	if !ok || g.token != token || !sameHash(g.rec.HandleHash, sum) || g.rec.Acquired == 0 {
+		return nil
+	}
+	return &held{name: name, key: key, id: id, token: token, modRev: g.modRev, rec: g.rec, session: g.rec.Session}
+}
+
+// remember records a grant this manager just made (for cachedGrant).
+func (m *Manager) remember(a *attempt, modRev int64) {
+	m.grants.put(a.key, cachedGrant{token: a.token, modRev: modRev, rec: a.rec})
+}
+
 // Renewal is the outcome of KeepAlive.
 type Renewal struct {
 	TTL       time.Duration
@@ -82,6 +102,13 @@ func (m *Manager) KeepAlive(ctx context.Context, name string, token int64, handl
 // reports false, changing nothing, when the grant already ended or the token
 // or handle does not match it.
 func (m *Manager) Release(ctx context.Context, name string, token int64, handle string) (bool, error) {
+	if h := m.cachedGrant(name, token, handle); h != nil {
+		ok, err := m.end(ctx, h, endReleased)
+		if ok || err != nil {
+			return ok, err
+		}
+		// Changed since: read it.
+	}
 	h, err := m.lookup(ctx, name, token, handle)
 	if errors.Is(err, ErrNotHeld) {
 		return false, nil

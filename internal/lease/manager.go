@@ -50,6 +50,8 @@ type Manager struct {
 	pool   leasePool
 	marker markerLease
 	batch  batcher
+	ka     keepalives
+	grants grantCache
 }
 
 type options struct {
@@ -115,6 +117,7 @@ func New(cli *clientv3.Client, opts ...Option) (*Manager, error) {
 		halt:       halt,
 	}
 	m.batch = batcher{cli: cli, spawn: m.spawn}
+	m.ka = keepalives{cli: cli, start: m.goOwned, ctx: stop}
 	return m, nil
 }
 

@@ -137,6 +137,7 @@ func (m *Manager) end(ctx context.Context, h *held, how string) (bool, error) {
 	if err := res.err; err != nil {
 		return false, m.etcdErr(ctx, "end grant", err)
 	}
+	m.grants.drop(h.key)
 	if !res.ok {
 		return false, nil // changed or ended since it was read: not ended by this call
 	}
@@ -163,6 +164,36 @@ func (m *Manager) revokeLater(id clientv3.LeaseID) {
 			m.log.Debug("background revoke failed; the lease ends with its TTL", "lease", formatLease(id), "err", err)
 		}
 	})
+}
+
+// goOwned runs f in a goroutine that Close waits for, or reports false
+// once Close has begun (f must end when m.stop does).
+func (m *Manager) goOwned(f func()) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closing {
+		return false
+	}
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		f()
+	}()
+	return true
+}
+
+// keepAliveOnce renews a lease once over the shared keepalive streams
+// (after Close: over a stream of its own).
+func (m *Manager) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) (int64, error) {
+	ttl, err := m.ka.once(ctx, id)
+	if errors.Is(err, errStreamClosed) {
+		ka, err := m.cli.KeepAliveOnce(ctx, id)
+		if err != nil {
+			return 0, err
+		}
+		return ka.TTL, nil
+	}
+	return ttl, err
 }
 
 // spawn runs f in a goroutine that Close waits for; once Close has begun,

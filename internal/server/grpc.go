@@ -18,6 +18,11 @@ import (
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 )
 
+// flowWindow is the HTTP/2 flow-control window of every stream and
+// connection: 1 MiB, four times the default largest request
+// (-max-recv-msg-size).
+const flowWindow = 1 << 20
+
 // NewGRPCServer returns a gRPC server with the LockService, the standard
 // health service (returned so the caller can flip it) and reflection
 // registered. Interceptors run in the order of docs/CONTRIBUTING.md: the
@@ -48,6 +53,10 @@ func NewGRPCServer(svc *LockService, log *slog.Logger, opts ...Option) (*grpc.Se
 		grpc.ForceServerCodecV2(newCodec()),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
+		// Fixed flow-control windows turn off the bandwidth estimator's
+		// pings (a packet each way for most requests; messages here are
+		// small).
+		grpc.InitialWindowSize(flowWindow), grpc.InitialConnWindowSize(flowWindow),
 	}, o.grpc...)
 	gs := grpc.NewServer(all...)
 	coordinatorv1.RegisterLockServiceServer(gs, svc)
