@@ -199,7 +199,7 @@ func (b *bench) uncontended(c cell, rep int, profile string) result {
 // contended: every worker acquires and releases ONE name. The sample is the
 // wait: from the moment the previous holder started its release to the
 // moment the next grant reached its client.
-func (b *bench) contended(c cell, rep int) result {
+func (b *bench) contended(c cell, rep int, profile string) result {
 	name := fmt.Sprintf("c%d", b.seq.Add(1))
 	l := b.systems[c.system]
 	var (
@@ -208,7 +208,7 @@ func (b *bench) contended(c cell, rep int) result {
 		violations  atomic.Int64
 		base        = time.Now()
 	)
-	r := b.window(c, rep, c.clients, 200*time.Millisecond, "", func(ctx context.Context, w int) (time.Duration, bool, error) {
+	r := b.window(c, rep, c.clients, 200*time.Millisecond, profile, func(ctx context.Context, w int) (time.Duration, bool, error) {
 		h, err := l.lock(ctx, w, name)
 		if err != nil {
 			return 0, false, err

@@ -72,7 +72,7 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&scenarioList, "scenarios", "uncontended,contended,validate,held", "scenarios to run")
 	fs.StringVar(&c.out, "out", "docs/benchmarks/results.md", "markdown report (also printed to stdout); empty: stdout only")
 	fs.StringVar(&c.svg, "svg", "docs/benchmarks/chart.svg", "SVG chart; empty: none")
-	fs.StringVar(&c.profileDir, "profile-dir", "", "if set, CPU profiles of coordinatord and etcd during the first repetition of each uncontended cell (coordinatord and Mutex) and validate cell (coordinatord) are written here")
+	fs.StringVar(&c.profileDir, "profile-dir", "", "if set, CPU profiles of coordinatord and etcd during the first repetition of each uncontended cell (coordinatord and Mutex), contended and validate cell (coordinatord) are written here")
 	fs.BoolVar(&c.whatif, "whatif", false, "also run three what-if systems in the uncontended scenario: coordinatord's etcd recipe done directly by the client (today's; with a reused lease and delete-on-release; and that with group commit)")
 	fs.StringVar(&c.dataDir, "data-dir", "", "etcd data directory (default: a new temporary directory, removed at the end)")
 	if err := fs.Parse(args); err != nil {
@@ -234,7 +234,11 @@ func bench1(cfg config) (rep *report, err error) {
 		for _, n := range cfg.contended {
 			for r := range cfg.reps {
 				for _, s := range rotate(lockSystems, r) {
-					progress(b.contended(cell{scenario: scContended, clients: n, system: s}, r))
+					prof := ""
+					if cfg.profileDir != "" && s == sysCoord && r == 0 {
+						prof = fmt.Sprintf("contended-%d", n)
+					}
+					progress(b.contended(cell{scenario: scContended, clients: n, system: s}, r, prof))
 				}
 			}
 		}

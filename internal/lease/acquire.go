@@ -137,6 +137,7 @@ type attempt struct {
 	handle  string
 	rec     record
 	session bool // id is a session's lease: withdraw by deleting the key, never revoke
+	pred    string // the immediate predecessor's key when the attempt joined, if known
 
 	refreshed    time.Time // when the lease was refreshed alongside a claim
 	refreshedTTL int64     // its TTL then, 0 if not refreshed
@@ -288,7 +289,10 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 	}
 	queue := []clientv3.Op{
 		clientv3.OpPut(a.key, a.rec.encode(), clientv3.WithLease(a.id)),
-		clientv3.OpGet(a.queue, clientv3.WithFirstCreate()...),
+		// The newest two keys: ours (the put above is visible here) and
+		// our immediate predecessor, the first key the wait watches.
+		clientv3.OpGet(a.queue, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2),
+			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)),
 	}
 	if a.session {
 		// A session has one key per queue: refuse a second.
@@ -347,11 +351,16 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 		return r, nil, nil
 	}
 	a.token = res.rev
-	granted := res.ok
+	granted, resps := res.ok, res.resps
 	if reqKey != "" || a.session {
-		granted = res.resps[0].GetResponseTxn().GetSucceeded()
+		granted, resps = res.resps[0].GetResponseTxn().GetSucceeded(), res.resps[0].GetResponseTxn().GetResponses()
 	}
 	if !granted {
+		if len(resps) == 2 {
+			if kvs := resps[1].GetResponseRange().GetKvs(); len(kvs) == 2 && kvs[0].CreateRevision == a.token {
+				a.pred = string(kvs[1].Key)
+			}
+		}
 		return a, nil, nil
 	}
 	a.rec = held
@@ -488,7 +497,7 @@ func (m *Manager) tryClaim(ctx context.Context, a *attempt) (bool, error) {
 		ttl, err := m.renew(ctx, a.id, a.delay)
 		rc <- renewal{at, ttl, err}
 	}()
-	res := m.batch.do(ctx, a.name, []clientv3.Cmp{
+	res := m.batch.do(ctx, "", []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(a.key), "=", a.token),
 		clientv3.Compare(clientv3.CreateRevision(a.queue), ">", a.token-1).WithPrefix(),
 		clientv3.Compare(clientv3.CreateRevision(m.ks.delay(a.name)), "=", 0),
@@ -604,12 +613,9 @@ func (m *Manager) wait(ctx, parent context.Context, a *attempt, timeout <-chan t
 		m.watchOwn(ctx, a, markLost, ownCreated)
 	}()
 	defer func() { cancel(); wg.Wait() }()
-	if err := <-ownCreated; err != nil {
-		if ctx.Err() != nil {
-			return m.etcdErr(parent, "wait", ctx.Err())
-		}
-		return m.etcdErr(parent, "watch own entry", err)
-	}
+	// own is the state of the watch of our own key: its creation is awaited
+	// (and our key checked once after it) together with the first target's.
+	own := &ownWatch{created: ownCreated}
 
 	ended := func() error {
 		select {
@@ -635,18 +641,20 @@ func (m *Manager) wait(ctx, parent context.Context, a *attempt, timeout <-chan t
 				return nil
 			}
 		}
-		// The immediate predecessor: the newest key older than ours.
-		r, err := m.cli.Get(ctx, a.queue, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(a.token-1), clientv3.WithKeysOnly())...)
-		if err != nil {
+		// The immediate predecessor: the newest key older than ours (known
+		// from the join at first).
+		target := ""
+		if first && a.pred != "" {
+			target = a.pred
+		} else if r, err := m.cli.Get(ctx, a.queue, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(a.token-1), clientv3.WithKeysOnly())...); err != nil {
 			if ctx.Err() != nil {
 				return ended()
 			}
 			return m.etcdErr(parent, "find predecessor", err)
-		}
-		target := ""
-		if len(r.Kvs) > 0 {
+		} else if len(r.Kvs) > 0 {
 			target = string(r.Kvs[0].Key)
-		} else {
+		}
+		if target == "" {
 			// Head of the queue: wait out another grant's lock-delay.
 			d, err := m.cli.Get(ctx, delayKey, clientv3.WithKeysOnly())
 			if err != nil {
@@ -656,6 +664,12 @@ func (m *Manager) wait(ctx, parent context.Context, a *attempt, timeout <-chan t
 				return m.etcdErr(parent, "read lock-delay", err)
 			}
 			if len(d.Kvs) == 0 || d.Kvs[0].CreateRevision == a.token {
+				if err := own.ready(ctx, m, a, markLost); err != nil {
+					if ctx.Err() != nil {
+						return ended()
+					}
+					return m.etcdErr(parent, "watch own entry", err)
+				}
 				select {
 				case <-lost:
 					return ErrLostWhileWaiting
@@ -669,7 +683,7 @@ func (m *Manager) wait(ctx, parent context.Context, a *attempt, timeout <-chan t
 		// watch exists, then re-check: a delete after this Get is seen.
 		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		wch := m.cli.Watch(wctx, target, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
-		err = m.awaitDelete(ctx, target, wch, timeout, lost)
+		err := m.awaitDelete(ctx, a, target, wch, timeout, lost, own, markLost)
 		wcancel()
 		switch {
 		case errors.Is(err, errTimeout):
@@ -687,8 +701,8 @@ func (m *Manager) wait(ctx, parent context.Context, a *attempt, timeout <-chan t
 }
 
 // watchOwn closes lost (via markLost) as soon as the attempt's own queue
-// key is deleted. It reports on created once the watch is in place and the
-// key was seen to exist after that.
+// key is deleted. It reports on created once the watch is in place; the
+// waiter then checks once that the key still exists (ownWatch.ready).
 func (m *Manager) watchOwn(ctx context.Context, a *attempt, markLost func(), created chan<- error) {
 	wch := m.cli.Watch(clientv3.WithRequireLeader(ctx), a.key, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
 	first := true
@@ -714,14 +728,7 @@ func (m *Manager) watchOwn(ctx context.Context, a *attempt, markLost func(), cre
 			}
 			if wr.Created && first {
 				first = false
-				r, err := m.cli.Get(ctx, a.key, clientv3.WithCountOnly())
-				if err == nil && r.Count == 0 {
-					markLost()
-				}
-				created <- err
-				if err != nil {
-					return
-				}
+				created <- nil // the waiter checks that the key exists
 			}
 			for _, ev := range wr.Events {
 				if ev.Type == clientv3.EventTypeDelete {
@@ -733,9 +740,45 @@ func (m *Manager) watchOwn(ctx context.Context, a *attempt, markLost func(), cre
 	}
 }
 
+// ownWatch is a waiter's view of the watch of its own key.
+type ownWatch struct {
+	created <-chan error
+	checked bool // the watch exists and the key was seen after that
+}
+
+// ready waits for the own-key watch and then checks the key, unless done.
+func (o *ownWatch) ready(ctx context.Context, m *Manager, a *attempt, markLost func()) error {
+	if o.checked {
+		return nil
+	}
+	if err := o.await(ctx); err != nil {
+		return err
+	}
+	r, err := m.cli.Get(ctx, a.key, clientv3.WithCountOnly())
+	if err != nil {
+		return err
+	}
+	if r.Count == 0 {
+		markLost()
+	}
+	o.checked = true
+	return nil
+}
+
+func (o *ownWatch) await(ctx context.Context) error {
+	select {
+	case err := <-o.created:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // awaitDelete returns when key is deleted (or its watch broke, which the
-// caller answers by looking again).
-func (m *Manager) awaitDelete(ctx context.Context, key string, wch clientv3.WatchChan, timeout <-chan time.Time, lost <-chan struct{}) error {
+// caller answers by looking again). Once key's watch exists, it checks that
+// key still exists, and, the first time, that the waiter's own key does
+// (own): both in one read.
+func (m *Manager) awaitDelete(ctx context.Context, a *attempt, key string, wch clientv3.WatchChan, timeout <-chan time.Time, lost <-chan struct{}, own *ownWatch, markLost func()) error {
 	created := false
 	for {
 		select {
@@ -751,6 +794,26 @@ func (m *Manager) awaitDelete(ctx context.Context, key string, wch clientv3.Watc
 			}
 			if wr.Created && !created {
 				created = true
+				if !own.checked {
+					if err := own.await(ctx); err != nil {
+						return err
+					}
+					r, err := m.cli.Txn(ctx).Then(
+						clientv3.OpGet(key, clientv3.WithCountOnly()),
+						clientv3.OpGet(a.key, clientv3.WithCountOnly())).Commit()
+					if err != nil {
+						return err
+					}
+					own.checked = true
+					if r.Responses[1].GetResponseRange().GetCount() == 0 {
+						markLost()
+						return errLost
+					}
+					if r.Responses[0].GetResponseRange().GetCount() == 0 {
+						return nil
+					}
+					continue
+				}
 				r, err := m.cli.Get(ctx, key, clientv3.WithCountOnly())
 				if err != nil {
 					return err

@@ -15,9 +15,13 @@ import (
 // callers go to etcd together, as the nested transactions of one Txn (one
 // raft proposal), each keeping its own compares and outcome. Under no load a
 // transaction is committed at once, alone; under load, the ones that arrive
-// while a commit is in flight share the next. Two transactions on the same
-// lock never share a Txn: etcd evaluates every nested compare before any
-// write, so they would not see each other's effects.
+// while a commit is in flight share the next. Two joins of the same lock
+// never share a Txn: etcd evaluates every nested compare before any write,
+// so both would find the lock free. Every other pair is safe together: a
+// release, a claim and a join of one lock each decide on the state before
+// the batch, which at worst makes a join queue behind a holder released in
+// the same batch (it then finds itself at the head at once) or a claim fail
+// (it looks again); two claims cannot both see themselves at the head.
 type batcher struct {
 	cli   *clientv3.Client
 	spawn func(func()) // runs a commit in a goroutine its owner waits for
@@ -34,7 +38,7 @@ const (
 )
 
 type txnReq struct {
-	conflict string // the lock name: at most one per batch
+	conflict string // a join's lock name: at most one per batch; "" for others
 	cmps     []clientv3.Cmp
 	then     []clientv3.Op
 	els      []clientv3.Op
@@ -73,7 +77,7 @@ func (b *batcher) take() [][]*txnReq {
 		var batch, rest []*txnReq
 		seen := map[string]bool{}
 		for _, r := range b.pending {
-			if len(batch) < maxBatch && !seen[r.conflict] {
+			if len(batch) < maxBatch && (r.conflict == "" || !seen[r.conflict]) {
 				seen[r.conflict] = true
 				batch = append(batch, r)
 			} else {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,4 +119,106 @@ func TestGroupCommitSharesATxnButNeverOneLock(t *testing.T) {
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"))
+}
+
+// A release and joins of the same lock may share one transaction (only two
+// joins of one lock may not): the joiners queue behind the released holder,
+// find themselves at the head, and hold one at a time.
+func TestReleaseAndJoinsOfOneLockShareATxn(t *testing.T) {
+	m, cli := newTestManager(t)
+	ctx := context.Background()
+	h, err := m.Acquire(ctx, "share", WithTTL(10*time.Second), WithWait(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hold back every commit until all four are pending, as if two commits
+	// were in flight.
+	m.batch.mu.Lock()
+	m.batch.inflight = maxInflight
+	m.batch.mu.Unlock()
+
+	const joiners = 3
+	var (
+		wg      sync.WaitGroup
+		holders atomic.Int32
+		tokens  = make(chan int64, joiners)
+		errs    = make(chan error, joiners+1)
+	)
+	wg.Add(joiners + 1)
+	go func() {
+		defer wg.Done()
+		if ok, err := m.Release(ctx, h.Name, h.Token, h.Handle); err != nil || !ok {
+			errs <- fmt.Errorf("release: %v %v", ok, err)
+		}
+	}()
+	for range joiners {
+		go func() {
+			defer wg.Done()
+			g, err := m.Acquire(ctx, "share", WithTTL(10*time.Second), WithWait(10*time.Second))
+			if err != nil {
+				errs <- err
+				return
+			}
+			if n := holders.Add(1); n != 1 {
+				errs <- fmt.Errorf("%d holders at once", n)
+			}
+			time.Sleep(20 * time.Millisecond)
+			holders.Add(-1)
+			tokens <- g.Token
+			if ok, err := m.Release(ctx, g.Name, g.Token, g.Handle); err != nil || !ok {
+				errs <- fmt.Errorf("release of %d: %v %v", g.Token, ok, err)
+			}
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m.batch.mu.Lock()
+		queued := len(m.batch.pending)
+		m.batch.mu.Unlock()
+		if queued == joiners+1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d transactions queued", queued)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	m.batch.mu.Lock()
+	m.batch.inflight = 0
+	batches := m.batch.take()
+	m.batch.mu.Unlock()
+	if len(batches[0]) != 2 {
+		t.Fatalf("first batch has %d transactions, want the release and one join", len(batches[0]))
+	}
+	m.batch.launch(batches)
+	wg.Wait()
+	close(errs)
+	close(tokens)
+	for err := range errs {
+		t.Error(err)
+	}
+	// The release's revision (where its end marker was written) is the
+	// token of the join that shared its transaction.
+	var released int64
+	for rev := h.Token + 1; rev < h.Token+20 && released == 0; rev++ {
+		r, err := cli.Get(ctx, m.ks.ended("share"), clientv3.WithRev(rev))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Kvs) == 1 && r.Kvs[0].ModRevision == rev && string(r.Kvs[0].Value) == fmt.Sprintf("released:%d", h.Token) {
+			released = rev
+		}
+	}
+	shared := false
+	n := 0
+	for tok := range tokens {
+		n++
+		shared = shared || tok == released
+	}
+	if n != joiners {
+		t.Fatalf("%d of %d joiners held the lock", n, joiners)
+	}
+	if !shared {
+		t.Fatalf("no join shared the release's transaction (revision %d)", released)
+	}
 }

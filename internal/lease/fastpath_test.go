@@ -228,3 +228,60 @@ func TestRecycledLeaseGoneIsReplaced(t *testing.T) {
 		t.Fatalf("the grant is not in etcd as returned: %v %v", r, err)
 	}
 }
+
+// A waiter whose key vanished before its watches existed (the gap between
+// the join and the first watch) learns it at the first check, not at its
+// next lease renewal; one that still exists keeps waiting for the
+// predecessor named by its join.
+func TestWaiterKeyGoneBeforeTheWatch(t *testing.T) {
+	m, cli := newTestManager(t)
+	ctx := context.Background()
+	holder, err := m.Acquire(ctx, "gap", WithTTL(30*time.Second), WithWait(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := m.acquireOptions("gap", []AcquireOption{WithTTL(30 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	join := func() *attempt {
+		a, g, err := m.join(ctx, ctx, "gap", o)
+		if err != nil || g != nil || a == nil {
+			t.Fatalf("join: %v %v %v; want a queued attempt", a, g, err)
+		}
+		return a
+	}
+	a := join()
+	if want := m.ks.key("gap", clientv3.LeaseID(holder.LeaseID)); a.pred != want {
+		t.Fatalf("predecessor from the join = %q, want the holder's key %q", a.pred, want)
+	}
+	if _, err := cli.Delete(ctx, a.key); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := m.wait(wctx, wctx, a, nil); !errors.Is(err, ErrLostWhileWaiting) {
+		t.Fatalf("wait with its key gone = %v, want ErrLostWhileWaiting", err)
+	}
+	m.withdraw(a)
+
+	// Alive: it waits for its predecessor, then heads the queue.
+	b := join()
+	done := make(chan error, 1)
+	go func() { done <- m.wait(wctx, wctx, b, nil) }()
+	select {
+	case err := <-done:
+		t.Fatalf("wait returned %v while the holder holds", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if ok, err := m.Release(ctx, holder.Name, holder.Token, holder.Handle); err != nil || !ok {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("wait after the release: %v", err)
+	}
+	if b.rec.Acquired == 0 {
+		t.Fatal("the waiter heads the queue but did not claim the lock")
+	}
+	m.withdraw(b)
+}

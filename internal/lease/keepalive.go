@@ -46,8 +46,9 @@ var errStreamClosed = errors.New("lease keepalive stream closed")
 // once renews lease id once and returns its new TTL in seconds;
 // rpctypes.ErrLeaseNotFound if the lease is gone.
 func (k *keepalives) once(ctx context.Context, id clientv3.LeaseID) (int64, error) {
+	l := &k.lanes[k.next.Add(1)%keepaliveStreams]
 	for attempt := 0; ; attempt++ {
-		ttl, err := k.try(ctx, id)
+		ttl, err := k.try(ctx, l, id)
 		if err == nil || ctx.Err() != nil || attempt > 0 || errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			if err != nil && ctx.Err() != nil {
 				return 0, ctx.Err()
@@ -55,12 +56,12 @@ func (k *keepalives) once(ctx context.Context, id clientv3.LeaseID) (int64, erro
 			return ttl, err
 		}
 		// A broken stream (a member restarted, a leader changed): one more
-		// try on a new stream, then the caller decides.
+		// try, on a new stream (the lane's broken one was dropped before
+		// its callers heard of it), then the caller decides.
 	}
 }
 
-func (k *keepalives) try(ctx context.Context, id clientv3.LeaseID) (int64, error) {
-	l := &k.lanes[k.next.Add(1)%keepaliveStreams]
+func (k *keepalives) try(ctx context.Context, l *kaLane, id clientv3.LeaseID) (int64, error) {
 	ch := make(chan kaResult, 1)
 	l.mu.Lock()
 	if l.stream == nil {

@@ -133,7 +133,7 @@ func (m *Manager) end(ctx context.Context, h *held, how string) (bool, error) {
 	if how == endReleased && delay != 0 {
 		ops = append(ops, clientv3.OpDelete(m.ks.delay(h.name)))
 	}
-	res := m.batch.do(ctx, h.name, []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(h.key), "=", h.modRev)}, ops, nil)
+	res := m.batch.do(ctx, "", []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(h.key), "=", h.modRev)}, ops, nil)
 	if err := res.err; err != nil {
 		return false, m.etcdErr(ctx, "end grant", err)
 	}
