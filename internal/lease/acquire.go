@@ -136,7 +136,7 @@ type attempt struct {
 	token   int64
 	handle  string
 	rec     record
-	session bool // id is a session's lease: withdraw by deleting the key, never revoke
+	session bool   // id is a session's lease: withdraw by deleting the key, never revoke
 	pred    string // the immediate predecessor's key when the attempt joined, if known
 
 	refreshed    time.Time // when the lease was refreshed alongside a claim
