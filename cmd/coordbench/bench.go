@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
@@ -241,6 +242,9 @@ func (b *bench) validate(c cell, rep int, profile string) (result, error) {
 		h     held
 	}
 	locks := make([]lock, c.clients)
+	if c.system == sysFloor {
+		locks = nil
+	}
 	sys := sysCoord
 	if c.system == sysGet {
 		sys = sysMutex
@@ -270,7 +274,18 @@ func (b *bench) validate(c cell, rep int, profile string) (result, error) {
 		}
 	}()
 	var fn op
-	if c.system == sysGet {
+	switch c.system {
+	case sysFloor:
+		fn = func(ctx context.Context, w int) (time.Duration, bool, error) {
+			t := time.Now()
+			r, err := b.cl.health[w%len(b.cl.health)].Check(ctx, &healthpb.HealthCheckRequest{})
+			lat := time.Since(t)
+			if err == nil && r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+				err = fmt.Errorf("health: %v", r.GetStatus())
+			}
+			return lat, true, err
+		}
+	case sysGet:
 		fn = func(ctx context.Context, w int) (time.Duration, bool, error) {
 			lk := locks[w]
 			t := time.Now()
@@ -281,7 +296,7 @@ func (b *bench) validate(c cell, rep int, profile string) (result, error) {
 			}
 			return lat, true, err
 		}
-	} else {
+	default:
 		fn = func(ctx context.Context, w int) (time.Duration, bool, error) {
 			lk := locks[w]
 			lc := b.cl.coord[w%len(b.cl.coord)]

@@ -246,7 +246,7 @@ func bench1(cfg config) (rep *report, err error) {
 	if cfg.has(scValidate) {
 		for _, n := range cfg.clients {
 			for r := range cfg.reps {
-				for _, s := range rotate([]string{sysCoord, sysGet}, r) {
+				for _, s := range rotate([]string{sysCoord, sysGet, sysFloor}, r) {
 					prof := ""
 					if cfg.profileDir != "" && s == sysCoord && r == 0 {
 						prof = fmt.Sprintf("validate-%d", n)

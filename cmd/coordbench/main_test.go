@@ -112,14 +112,14 @@ func TestSmoke(t *testing.T) {
 	}
 	for _, k := range [][2]string{{scUncontended, sysCoord}, {scUncontended, sysMutex}, {scUncontended, sysV3lock},
 		{scContended, sysCoord}, {scContended, sysMutex}, {scContended, sysV3lock},
-		{scValidate, sysCoord}, {scValidate, sysGet}, {scHeld, sysCoord}, {scHeld, sysMutex}} {
+		{scValidate, sysCoord}, {scValidate, sysGet}, {scValidate, sysFloor}, {scHeld, sysCoord}, {scHeld, sysMutex}} {
 		if ops[k] == 0 {
 			t.Errorf("%s, %s: no operation completed in any cell", k[0], k[1])
 		}
 	}
-	// 3 client counts x (3 lock systems + 2 validate systems), 1 contended
+	// 3 client counts x (3 lock systems + 3 validate systems), 1 contended
 	// count x 3, 2 held levels x 2.
-	if want := 3*5 + 3 + 2*2; len(cells) != want {
+	if want := 3*6 + 3 + 2*2; len(cells) != want {
 		t.Errorf("%d cells measured, want %d", len(cells), want)
 	}
 	md, err := os.ReadFile(cfg.out)

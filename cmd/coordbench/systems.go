@@ -10,6 +10,7 @@ import (
 	"go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
@@ -36,6 +37,10 @@ const (
 	sysMutex  = "etcd Mutex"
 	sysV3lock = "etcd v3lock"
 	sysGet    = "etcd linearizable Get"
+	// sysFloor is a no-op call to coordinatord (the standard health Check,
+	// through the same connections and interceptors): the most calls/s any
+	// coordinatord RPC can reach on the machine, whatever it does.
+	sysFloor = "coordinatord no-op RPC (health Check)"
 )
 
 // clients are the shared connections of the load generator: a few gRPC
@@ -44,6 +49,7 @@ const (
 type clients struct {
 	coordConns []*grpc.ClientConn
 	coord      []coordinatorv1.LockServiceClient
+	health     []healthpb.HealthClient
 	etcd       []*clientv3.Client
 	sessions   []*concurrency.Session // one per worker: Mutex's recommended use
 	leases     []clientv3.LeaseID     // one per worker, for v3lock
@@ -59,6 +65,7 @@ func dialClients(ctx context.Context, coordAddr, etcdURL string, conns, workers 
 		}
 		c.coordConns = append(c.coordConns, gc)
 		c.coord = append(c.coord, coordinatorv1.NewLockServiceClient(gc))
+		c.health = append(c.health, healthpb.NewHealthClient(gc))
 		ec, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdURL}, DialTimeout: 5 * time.Second})
 		if err != nil {
 			c.close()
