@@ -48,6 +48,8 @@ type acquireOptions struct {
 	session   *sessionRef
 	// sessionHandle is resolved to session by Acquire.
 	sessionHandle string
+	identity      string // WithIdentity
+	ownedLimit    int64  // WithOwnedLimit
 }
 
 // AcquireOption configures one Acquire.
@@ -194,6 +196,9 @@ func (m *Manager) start(ctx, parent context.Context, name string, o acquireOptio
 			return a, nil, err
 		}
 	}
+	if err := m.checkOwned(ctx, o); err != nil {
+		return nil, nil, err
+	}
 	return m.join(ctx, parent, name, o)
 }
 
@@ -247,6 +252,9 @@ func (m *Manager) join(ctx, parent context.Context, name string, o acquireOption
 	if o.requestID != "" {
 		a.rec.Req = m.ks.request(name, o.requestID)
 	}
+	if o.identity != "" {
+		a.rec.Ident = identityHash(o.identity)
+	}
 	held := a.rec
 	held.Acquired = a.rec.Since
 
@@ -265,6 +273,7 @@ func (m *Manager) join(ctx, parent context.Context, name string, o acquireOption
 		clientv3.OpPut(a.key, a.rec.encode(), clientv3.WithLease(a.id)),
 		clientv3.OpGet(a.queue, clientv3.WithFirstCreate()...),
 	}
+	hold, queue = append(hold, m.ownedPut(a)...), append(queue, m.ownedPut(a)...)
 	if a.session {
 		// A session has one key per queue: refuse a second.
 		free = append(free, clientv3.Compare(clientv3.CreateRevision(a.key), "=", 0))
@@ -528,7 +537,7 @@ func (m *Manager) withdraw(a *attempt) {
 	if a.session {
 		if a.key != "" {
 			_, err = m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.key), "=", a.token)).
-				Then(clientv3.OpDelete(a.key)).Commit()
+				Then(append([]clientv3.Op{clientv3.OpDelete(a.key)}, m.ownedDelete(a.name, a.id, a.rec)...)...).Commit()
 		}
 	} else {
 		if a.delay != 0 {
