@@ -99,6 +99,7 @@ type Config struct {
 	RateLimit            float64       // requests per second per caller (identity, else IP)
 	RateBurst            int           // burst of RateLimit
 	MaxWaitersPerLock    int64         // waiters per lock
+	MaxLocksPerIdentity  int64         // locks held or awaited per authenticated identity (needs AuthPolicy)
 	MaxWait              time.Duration // queue wait of an Acquire
 }
 
@@ -198,7 +199,8 @@ func Run(ctx context.Context, cfg Config) error {
 		u, st := server.RateLimit(cfg.RateLimit, max(cfg.RateBurst, 1))
 		srvOpts = append(srvOpts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{u}, []grpc.StreamServerInterceptor{st}))
 	}
-	limits := server.Limits{MaxWaiters: cfg.MaxWaitersPerLock, MaxWait: cfg.MaxWait, QueueLen: mgr.QueueLen}
+	limits := server.Limits{MaxWaiters: cfg.MaxWaitersPerLock, MaxWait: cfg.MaxWait, QueueLen: mgr.QueueLen,
+		MaxLocksPerIdentity: cfg.MaxLocksPerIdentity}
 	srvOpts = append(srvOpts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{limits.Interceptor()}, []grpc.StreamServerInterceptor{limits.StreamInterceptor()}))
 	if cfg.MaxRecvMsgSize > 0 {
 		srvOpts = append(srvOpts, server.WithServerOptions(grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize)))
