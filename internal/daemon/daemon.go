@@ -145,7 +145,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cli.Close()
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	probeKey := lease.NewKeyspace(cfg.KeyPrefix).Prefix() + "readyz"
-	_, err = cli.Get(pctx, probeKey, clientv3.WithCountOnly())
+	probe, err := cli.Get(pctx, probeKey, clientv3.WithCountOnly())
 	cancel()
 	if err != nil {
 		return fmt.Errorf("etcd at %v is not reachable: %w; check --etcd-endpoints and that the cluster has quorum", endpoints, err)
@@ -282,6 +282,11 @@ func Run(ctx context.Context, cfg Config) error {
 		})
 	}
 	g.Go(func() error { ready.Run(gctx); return nil })
+	if hsrv != nil {
+		// Hold times and expiries are seen in etcd's history, from the
+		// revision read at start-up on (only when metrics are served).
+		g.Go(func() error { return mgr.WatchEnds(gctx, probe.Header.Revision, metrics.GrantEnded) })
+	}
 	if hsrv != nil {
 		g.Go(func() error {
 			if err := hsrv.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
