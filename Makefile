@@ -18,7 +18,8 @@ run: build
 
 ## test: vet, every test against real etcd (embedded) and real gRPC, then all again under the race detector
 ## (liveness bounds such as "try-lock answers promptly" are asserted only in the first, race-free pass)
-## (deploy/ is its own module: its test builds the kustomizations and decodes every manifest with the Kubernetes API types)
+## (deploy/ is its own module: its test builds the kustomizations, decodes every manifest with the Kubernetes API types,
+## validates it against the Kubernetes OpenAPI schema embedded in kustomize, and runs the Dockerfile's go build line)
 test:
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 10m ./...

@@ -142,6 +142,7 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs.Float64Var(&cfg.RateLimit, "rate-limit", envFloat("RATE_LIMIT", 1000), "requests per second per caller (authenticated identity, else client IP); beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_RATE_LIMIT)")
 	fs.IntVar(&cfg.RateBurst, "rate-burst", envInt("RATE_BURST", 2000), "burst allowed above -rate-limit (env COORDINATORD_RATE_BURST)")
 	fs.Int64Var(&cfg.MaxWaitersPerLock, "max-waiters-per-lock", int64(envInt("MAX_WAITERS_PER_LOCK", 1000)), "waiters allowed in one lock's queue; beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_MAX_WAITERS_PER_LOCK)")
+	fs.Int64Var(&cfg.MaxLocksPerIdentity, "max-locks-per-identity", int64(envInt("MAX_LOCKS_PER_IDENTITY", 1000)), "locks one authenticated identity may hold or wait for at once, across all replicas; beyond: RESOURCE_EXHAUSTED; applies only with -auth-policy; 0: no limit (env COORDINATORD_MAX_LOCKS_PER_IDENTITY)")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", envDuration("MAX_WAIT", 15*time.Minute), "longest queue wait of an Acquire: an unset wait waits this long, a longer one is INVALID_ARGUMENT; 0: no limit (env COORDINATORD_MAX_WAIT)")
 	fs.StringVar(&cfg.HealthListen, "health-listen", env("HEALTH_LISTEN", ""), "plaintext gRPC address serving only grpc.health.v1.Health, for Kubernetes gRPC probes (they cannot speak TLS); empty: off (env COORDINATORD_HEALTH_LISTEN)")
 	fs.StringVar(&level, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env COORDINATORD_LOG_LEVEL)")
@@ -191,8 +192,8 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		return cfg, nil, errors.New("-tls-client-ca needs -tls-cert and -tls-key")
 	case cfg.AuthTokens != "" && cfg.AuthPolicy == "":
 		return cfg, nil, errors.New("-auth-tokens needs -auth-policy")
-	case cfg.MaxRecvMsgSize < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 || cfg.MaxWaitersPerLock < 0 || cfg.MaxWait < 0 || cfg.KeepaliveMinTime < 0:
-		return cfg, nil, errors.New("-max-recv-msg-size, -rate-limit, -rate-burst, -max-waiters-per-lock, -max-wait and -keepalive-min-time must not be negative")
+	case cfg.MaxRecvMsgSize < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 || cfg.MaxWaitersPerLock < 0 || cfg.MaxLocksPerIdentity < 0 || cfg.MaxWait < 0 || cfg.KeepaliveMinTime < 0:
+		return cfg, nil, errors.New("-max-recv-msg-size, -rate-limit, -rate-burst, -max-waiters-per-lock, -max-locks-per-identity, -max-wait and -keepalive-min-time must not be negative")
 	case cfg.AuthReloadInterval <= 0:
 		return cfg, nil, fmt.Errorf("-auth-reload-interval %v: must be positive", cfg.AuthReloadInterval)
 	case cfg.MaxHold <= 0:

@@ -99,6 +99,7 @@ type Config struct {
 	RateLimit            float64       // requests per second per caller (identity, else IP)
 	RateBurst            int           // burst of RateLimit
 	MaxWaitersPerLock    int64         // waiters per lock
+	MaxLocksPerIdentity  int64         // locks held or awaited per authenticated identity (needs AuthPolicy)
 	MaxWait              time.Duration // queue wait of an Acquire
 }
 
@@ -154,7 +155,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cli.Close()
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	probeKey := lease.NewKeyspace(cfg.KeyPrefix).Prefix() + "readyz"
-	_, err = cli.Get(pctx, probeKey, clientv3.WithCountOnly())
+	probe, err := cli.Get(pctx, probeKey, clientv3.WithCountOnly())
 	cancel()
 	if err != nil {
 		return fmt.Errorf("etcd at %v is not reachable: %w; check --etcd-endpoints and that the cluster has quorum", endpoints, err)
@@ -208,7 +209,8 @@ func Run(ctx context.Context, cfg Config) error {
 		u, st := server.RateLimit(cfg.RateLimit, max(cfg.RateBurst, 1))
 		srvOpts = append(srvOpts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{u}, []grpc.StreamServerInterceptor{st}))
 	}
-	limits := server.Limits{MaxWaiters: cfg.MaxWaitersPerLock, MaxWait: cfg.MaxWait, QueueLen: mgr.QueueLen}
+	limits := server.Limits{MaxWaiters: cfg.MaxWaitersPerLock, MaxWait: cfg.MaxWait, QueueLen: mgr.QueueLen,
+		MaxLocksPerIdentity: cfg.MaxLocksPerIdentity}
 	srvOpts = append(srvOpts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{limits.Interceptor()}, []grpc.StreamServerInterceptor{limits.StreamInterceptor()}))
 	if cfg.MaxRecvMsgSize > 0 {
 		srvOpts = append(srvOpts, server.WithServerOptions(grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize)))
@@ -290,6 +292,11 @@ func Run(ctx context.Context, cfg Config) error {
 		})
 	}
 	g.Go(func() error { ready.Run(gctx); return nil })
+	if hsrv != nil {
+		// Hold times and expiries are seen in etcd's history, from the
+		// revision read at start-up on (only when metrics are served).
+		g.Go(func() error { return mgr.WatchEnds(gctx, probe.Header.Revision, metrics.GrantEnded) })
+	}
 	if hsrv != nil {
 		g.Go(func() error {
 			if err := hsrv.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {

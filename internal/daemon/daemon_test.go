@@ -235,20 +235,33 @@ func TestMetricsAfterAScriptedScenario(t *testing.T) {
 		t.Fatal("KeepAlive after release succeeded")
 	}
 
+	// One grant force-released, one left to expire (TTL 1s): no RPC sees
+	// the expiry, the lock-end watch does.
+	f, err := lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "f", Ttl: durationpb.New(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := lc.ForceRelease(ctxT(t), &coordinatorv1.ForceReleaseRequest{Name: "f", Token: f.Token}); err != nil || !r.GetReleased() {
+		t.Fatalf("force-release: %v %v", r, err)
+	}
+	if _, err := lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "e", Ttl: durationpb.New(time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+
 	var m map[string]map[string]float64
-	eventually(t, "the cancelled waiter's key is gone", func() bool {
+	eventually(t, "the cancelled waiter's key is gone and the expiry counted", func() bool {
 		m = scrape(t, base)
-		return m["coordinatord_lock_waiters"][""] == 0
+		return m["coordinatord_lock_waiters"][""] == 0 && m["coordinatord_expirations_total"][""] == 1
 	})
 	for _, c := range []struct {
 		family, labels string
 		want           float64
 	}{
-		{"coordinatord_acquisitions_total", "outcome=granted", 2},
+		{"coordinatord_acquisitions_total", "outcome=granted", 4},
 		{"coordinatord_acquisitions_total", "outcome=not_granted", 2},
 		{"coordinatord_acquisitions_total", "outcome=invalid_argument", 1},
 		{"coordinatord_acquisitions_total", "outcome=canceled", 1},
-		{"coordinatord_acquire_wait_seconds", "outcome=granted", 2},
+		{"coordinatord_acquire_wait_seconds", "outcome=granted", 4},
 		{"coordinatord_acquire_wait_seconds", "outcome=canceled", 1},
 		{"coordinatord_validations_total", "outcome=current", 1},
 		{"coordinatord_validations_total", "outcome=superseded", 1},
@@ -260,7 +273,11 @@ func TestMetricsAfterAScriptedScenario(t *testing.T) {
 		{"coordinatord_renewals_total", "outcome=not_found", 1},
 		{"coordinatord_locks_held", "", 1}, // y
 		{"coordinatord_lock_waiters", "", 0},
-		{"grpc_server_handled_total", "grpc_code=OK,grpc_method=Acquire,grpc_service=coordinator.v1.LockService,grpc_type=unary", 2},
+		{"coordinatord_hold_seconds", "outcome=released", 1}, // x
+		{"coordinatord_hold_seconds", "outcome=forced", 1},   // f
+		{"coordinatord_hold_seconds", "outcome=expired", 1},  // e
+		{"coordinatord_expirations_total", "", 1},
+		{"grpc_server_handled_total", "grpc_code=OK,grpc_method=Acquire,grpc_service=coordinator.v1.LockService,grpc_type=unary", 4},
 		{"grpc_server_handled_total", "grpc_code=Aborted,grpc_method=Acquire,grpc_service=coordinator.v1.LockService,grpc_type=unary", 2},
 		{"grpc_server_handled_total", "grpc_code=OK,grpc_method=ValidateToken,grpc_service=coordinator.v1.LockService,grpc_type=unary", 3},
 		{"grpc_server_handling_seconds", "grpc_method=Release,grpc_service=coordinator.v1.LockService,grpc_type=unary", 2},

@@ -48,6 +48,8 @@ type acquireOptions struct {
 	session   *sessionRef
 	// sessionHandle is resolved to session by Acquire.
 	sessionHandle string
+	identity      string // WithIdentity
+	ownedLimit    int64  // WithOwnedLimit
 }
 
 // AcquireOption configures one Acquire.
@@ -195,6 +197,9 @@ func (m *Manager) start(ctx, parent context.Context, name string, o acquireOptio
 			return a, nil, err
 		}
 	}
+	if err := m.checkOwned(ctx, o); err != nil {
+		return nil, nil, err
+	}
 	return m.join(ctx, parent, name, o)
 }
 
@@ -273,6 +278,9 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 	if o.requestID != "" {
 		a.rec.Req = m.ks.request(name, o.requestID)
 	}
+	if o.identity != "" {
+		a.rec.Ident = identityHash(o.identity)
+	}
 	held := a.rec
 	held.Acquired = a.rec.Since
 
@@ -294,6 +302,7 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 		clientv3.OpGet(a.queue, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)),
 	}
+	hold, queue = append(hold, m.ownedPut(a)...), append(queue, m.ownedPut(a)...)
 	if a.session {
 		// A session has one key per queue: refuse a second.
 		free = append(free, clientv3.Compare(clientv3.CreateRevision(a.key), "=", 0))
@@ -570,7 +579,7 @@ func (m *Manager) withdraw(a *attempt) {
 	if a.session {
 		if a.key != "" {
 			_, err = m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.key), "=", a.token)).
-				Then(clientv3.OpDelete(a.key)).Commit()
+				Then(append([]clientv3.Op{clientv3.OpDelete(a.key)}, m.ownedDelete(a.name, a.id, a.rec)...)...).Commit()
 		}
 	} else {
 		if a.delay != 0 {

@@ -164,6 +164,7 @@ type record struct {
 	Session    bool   `json:"sess,omitempty"`    // the key is on a session's lease
 	TTL        int64  `json:"ttl,omitempty"`     // s: the lease's granted TTL (for recycling it)
 	Req        string `json:"req,omitempty"`     // the request record's key, if any
+	Ident      string `json:"ih,omitempty"`      // hex sha256 of the identity it is indexed under (WithIdentity), if any
 }
 
 // How a grant ended, as recorded in its queue key's last value.

@@ -39,6 +39,7 @@ func (s *LockService) Hold(stream coordinatorv1.LockService_HoldServer) error {
 		if err != nil {
 			return s.fail(ctx, method, err)
 		}
+		opts = append(opts, ownedOptions(ctx)...)
 		if g, err = s.leases.Acquire(ctx, req.GetName(), opts...); err != nil {
 			return s.fail(ctx, method, err)
 		}

@@ -17,6 +17,7 @@ import (
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/authz"
+	"github.com/coordinatord/coordinatord/internal/lease"
 )
 
 // Limits protect the service from one lock's crowd.
@@ -33,6 +34,49 @@ type Limits struct {
 	MaxWait time.Duration
 	// QueueLen counts a lock's contenders, holder included.
 	QueueLen func(ctx context.Context, name string) (int64, error)
+	// MaxLocksPerIdentity is the most locks one authenticated identity may
+	// hold or wait for at once, across every replica sharing the key prefix
+	// (holders and waiters count alike); 0: no limit. An Acquire (or Hold)
+	// beyond it answers RESOURCE_EXHAUSTED, writing nothing; a retry with
+	// the request id of a live acquisition is still answered. It is a soft
+	// limit: the identity's acquisitions are counted just before joining, so
+	// concurrent acquisitions may overshoot it by a few. Without an identity
+	// (no authorization policy) it does not apply: client addresses are
+	// shared behind NAT and a Service, so they would make a poor quota key.
+	MaxLocksPerIdentity int64
+}
+
+// ownedLimitKey carries the per-identity limit from the Limits interceptors
+// to the Acquire and Hold handlers, which pass it to the lease package.
+type ownedLimitKey struct{}
+
+type ownedLimit struct {
+	identity string
+	max      int64
+}
+
+// withOwnedLimit returns ctx carrying the per-identity limit if it applies
+// (a limit is set and the caller is authenticated).
+func (l Limits) withOwnedLimit(ctx context.Context) context.Context {
+	if l.MaxLocksPerIdentity <= 0 {
+		return ctx
+	}
+	id, ok := authz.FromContext(ctx)
+	if !ok || id == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, ownedLimitKey{}, ownedLimit{identity: id, max: l.MaxLocksPerIdentity})
+}
+
+// ownedOptions are the lease options of the per-identity limit in ctx: the
+// acquisition is indexed under the authenticated identity (never a request
+// field) and refused beyond the limit.
+func ownedOptions(ctx context.Context) []lease.AcquireOption {
+	ol, ok := ctx.Value(ownedLimitKey{}).(ownedLimit)
+	if !ok {
+		return nil
+	}
+	return []lease.AcquireOption{lease.WithIdentity(ol.identity), lease.WithOwnedLimit(ol.max)}
 }
 
 // Interceptor enforces the limits on Acquire.
@@ -42,6 +86,7 @@ func (l Limits) Interceptor() grpc.UnaryServerInterceptor {
 			if err := l.check(ctx, r); err != nil {
 				return nil, err
 			}
+			ctx = l.withOwnedLimit(ctx)
 		}
 		return h(ctx, req)
 	}
@@ -54,14 +99,17 @@ func (l Limits) StreamInterceptor() grpc.StreamServerInterceptor {
 		if info.FullMethod != coordinatorv1.LockService_Hold_FullMethodName {
 			return h(srv, ss)
 		}
-		return h(srv, &limitStream{ServerStream: ss, l: l})
+		return h(srv, &limitStream{ServerStream: ss, l: l, ctx: l.withOwnedLimit(ss.Context())})
 	}
 }
 
 type limitStream struct {
 	grpc.ServerStream
-	l Limits
+	l   Limits
+	ctx context.Context
 }
+
+func (s *limitStream) Context() context.Context { return s.ctx }
 
 func (s *limitStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {

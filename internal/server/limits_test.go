@@ -210,3 +210,93 @@ func TestMaxWaitersOnHoldStreams(t *testing.T) {
 		t.Fatalf("Hold as a second waiter with max 1: %v, want RESOURCE_EXHAUSTED", err)
 	}
 }
+
+// The per-identity limit counts holders and waiters of one identity across
+// unary Acquire and Hold streams; beyond it, RESOURCE_EXHAUSTED with nothing
+// written, while another identity keeps working; a release frees a slot.
+func TestMaxLocksPerIdentity(t *testing.T) {
+	store, _ := authStore(t, `{"identities": {"a": {"lock_prefixes": [""]}, "b": {"lock_prefixes": [""]}}}`, "a", "b")
+	au, as := server.AuthInterceptors(store)
+	limits := server.Limits{MaxLocksPerIdentity: 2}
+	e := newEnvWith(t, []server.Option{server.WithInnerInterceptors(
+		[]grpc.UnaryServerInterceptor{au, limits.Interceptor()}, []grpc.StreamServerInterceptor{as, limits.StreamInterceptor()})})
+	a := e.dialWith(plaintext(), grpc.WithPerRPCCredentials(bearer("tok-a")))
+	b := e.dialWith(plaintext(), grpc.WithPerRPCCredentials(bearer("tok-b")))
+	acquire := func(lc coordinatorv1.LockServiceClient, name string) (*coordinatorv1.AcquireResponse, error) {
+		return lc.Acquire(ctxT(t, 10*time.Second), &coordinatorv1.AcquireRequest{Name: name, Ttl: dur(time.Minute), Wait: dur(0)})
+	}
+	hold := func(lc coordinatorv1.LockServiceClient, name string) error {
+		st, err := lc.Hold(ctxT(t, 10*time.Second))
+		if err != nil {
+			return err
+		}
+		if err := st.Send(&coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Acquire{Acquire: &coordinatorv1.HoldAcquire{
+			Request: &coordinatorv1.AcquireRequest{Name: name, Ttl: dur(time.Minute)}}}}); err != nil {
+			return err
+		}
+		_, err = st.Recv()
+		return err
+	}
+
+	held, err := acquire(a, "a/1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A waiter counts like a holder.
+	if _, err := acquire(b, "shared"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := a.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "shared", Ttl: dur(time.Minute)})
+		waiting <- err
+	}()
+	eventually(t, 10*time.Second, "a waits", func() bool {
+		d, err := e.mgr.Describe(context.Background(), "shared")
+		return err == nil && len(d.Waiters) == 1
+	})
+
+	rev := e.rev()
+	for _, tc := range []struct {
+		name string
+		call func() error
+		want codes.Code
+	}{
+		{"Acquire beyond the limit", func() error { _, err := acquire(a, "a/2"); return err }, codes.ResourceExhausted},
+		{"Hold beyond the limit", func() error { return hold(a, "a/3") }, codes.ResourceExhausted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.call(); code(err) != tc.want {
+				t.Fatalf("%v, want %v", err, tc.want)
+			}
+		})
+	}
+	if got := e.rev(); got != rev {
+		t.Errorf("refused acquisitions wrote to etcd: revision %d -> %d", rev, got)
+	}
+	if _, err := acquire(b, "b/1"); err != nil {
+		t.Fatalf("another identity: %v", err)
+	}
+	if r, err := a.Release(ctxT(t, 10*time.Second), &coordinatorv1.ReleaseRequest{Name: "a/1", Token: held.GetToken(), Handle: held.GetHandle()}); err != nil || !r.GetReleased() {
+		t.Fatalf("release: %v %v", r, err)
+	}
+	if err := hold(a, "a/4"); err != nil {
+		t.Fatalf("Hold after a release freed a slot: %v", err)
+	}
+	cancel()
+	if err := <-waiting; code(err) != codes.Canceled {
+		t.Fatalf("waiter: %v", err)
+	}
+}
+
+// Without an identity (no authorization policy) the limit does not apply.
+func TestMaxLocksPerIdentityNeedsAnIdentity(t *testing.T) {
+	limits := server.Limits{MaxLocksPerIdentity: 1}
+	e := newEnvWith(t, []server.Option{server.WithInnerInterceptors(
+		[]grpc.UnaryServerInterceptor{limits.Interceptor()}, []grpc.StreamServerInterceptor{limits.StreamInterceptor()})})
+	for _, name := range []string{"anon/1", "anon/2", "anon/3"} {
+		e.acquire(name, time.Minute)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/lease"
 )
 
 // Metrics are the Prometheus metrics of one coordinator: per-RPC counters
@@ -24,6 +25,8 @@ import (
 //	coordinatord_releases_total{outcome}           Release calls: released, not_released, or the gRPC code of an error
 //	coordinatord_renewals_total{outcome}           KeepAlive calls: renewed, or the gRPC code (not_found: the grant is gone)
 //	coordinatord_locks_held, coordinatord_lock_waiters   read from etcd at scrape time (see CountLocks)
+//	coordinatord_hold_seconds{outcome}             how long grants were held, by how they ended: released, forced or expired (see GrantEnded)
+//	coordinatord_expirations_total                 grants that expired while held: their lease ran out (see GrantEnded)
 type Metrics struct {
 	rpc          *grpcprom.ServerMetrics
 	acquisitions *prometheus.CounterVec
@@ -31,6 +34,8 @@ type Metrics struct {
 	validations  *prometheus.CounterVec
 	releases     *prometheus.CounterVec
 	renewals     *prometheus.CounterVec
+	holdSeconds  *prometheus.HistogramVec
+	expirations  prometheus.Counter
 	reg          prometheus.Registerer
 }
 
@@ -57,9 +62,20 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "coordinatord_renewals_total", Help: "KeepAlive calls by outcome: renewed, or the gRPC code of the failure (not_found: the grant is gone).",
 		}, outcome),
+		holdSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "coordinatord_hold_seconds",
+			Help: "How long grants were held, from grant to end, by how they ended: released, forced (ForceRelease) or expired " +
+				"(every lock under the key prefix, whichever replica granted it: aggregate replicas with max(), not sum()).",
+			Buckets: []float64{.01, .05, .1, .5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600},
+		}, outcome),
+		expirations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "coordinatord_expirations_total",
+			Help: "Grants that expired while held: the lease ran out (or was revoked) without a release " +
+				"(every lock under the key prefix: aggregate replicas with max(), not sum()).",
+		}),
 		reg: reg,
 	}
-	reg.MustRegister(m.rpc, m.acquisitions, m.waitSeconds, m.validations, m.releases, m.renewals)
+	reg.MustRegister(m.rpc, m.acquisitions, m.waitSeconds, m.validations, m.releases, m.renewals, m.holdSeconds, m.expirations)
 	// The usual outcomes start at zero, so that rate() sees their first event.
 	for _, o := range []string{"granted", "not_granted"} {
 		m.acquisitions.WithLabelValues(o)
@@ -72,7 +88,27 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.releases.WithLabelValues("not_released")
 	m.renewals.WithLabelValues("renewed")
 	m.renewals.WithLabelValues("not_found")
+	for _, o := range []string{"released", "forced", "expired"} {
+		m.holdSeconds.WithLabelValues(o)
+	}
 	return m
+}
+
+// GrantEnded records a grant's end in coordinatord_hold_seconds and, if it
+// expired, coordinatord_expirations_total. Feed it from
+// lease.Manager.WatchEnds: expiries happen inside etcd, where no RPC sees
+// them. Each replica sees every grant under the key prefix.
+func (m *Metrics) GrantEnded(e lease.GrantEnd) {
+	o := "expired"
+	switch e.Reason {
+	case lease.EndReleased:
+		o = "released"
+	case lease.EndForced:
+		o = "forced"
+	default:
+		m.expirations.Inc()
+	}
+	m.holdSeconds.WithLabelValues(o).Observe(e.Held.Seconds())
 }
 
 // Option returns the server option that installs the metrics interceptors

@@ -62,6 +62,7 @@ func (s *LockService) Acquire(ctx context.Context, req *coordinatorv1.AcquireReq
 	if err != nil {
 		return nil, s.fail(ctx, method, err)
 	}
+	opts = append(opts, ownedOptions(ctx)...)
 	g, err := s.leases.Acquire(ctx, req.GetName(), opts...)
 	if err != nil {
 		return nil, s.fail(ctx, method, err)
