@@ -365,7 +365,7 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 		granted, resps = res.resps[0].GetResponseTxn().GetSucceeded(), res.resps[0].GetResponseTxn().GetResponses()
 	}
 	if !granted {
-		if len(resps) == 2 {
+		if len(resps) >= 2 { // [put, get, the identity index put if any]
 			if kvs := resps[1].GetResponseRange().GetKvs(); len(kvs) == 2 && kvs[0].CreateRevision == a.token {
 				a.pred = string(kvs[1].Key)
 			}

@@ -255,6 +255,20 @@ func TestWaiterKeyGoneBeforeTheWatch(t *testing.T) {
 	if want := m.ks.key("gap", clientv3.LeaseID(holder.LeaseID)); a.pred != want {
 		t.Fatalf("predecessor from the join = %q, want the holder's key %q", a.pred, want)
 	}
+	// With an identity the join writes one more key; the predecessor is
+	// still found (here: a, the newest older key).
+	oi, err := m.acquireOptions("gap", []AcquireOption{WithTTL(30 * time.Second), WithIdentity("alice")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ai, g, err := m.join(ctx, ctx, "gap", oi)
+	if err != nil || g != nil || ai == nil {
+		t.Fatalf("join with an identity: %v %v %v", ai, g, err)
+	}
+	if ai.pred != a.key {
+		t.Fatalf("predecessor from a join with an identity = %q, want %q", ai.pred, a.key)
+	}
+	m.withdraw(ai)
 	if _, err := cli.Delete(ctx, a.key); err != nil {
 		t.Fatal(err)
 	}
