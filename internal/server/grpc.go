@@ -42,7 +42,7 @@ func NewGRPCServer(svc *LockService, log *slog.Logger, opts ...Option) (*grpc.Se
 		return status.Error(codes.Internal, "internal error; the coordinator logged the cause")
 	})}
 	unary := append(append(append(o.outerUnary,
-		logging.UnaryServerInterceptor(interceptorLogger(log), logOpts...)),
+		lazyLogging(log, logging.UnaryServerInterceptor(interceptorLogger(log), logOpts...))),
 		o.innerUnary...),
 		recovery.UnaryServerInterceptor(recOpts...))
 	stream := append(append(append(o.outerStream,
