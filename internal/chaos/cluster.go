@@ -34,6 +34,18 @@ type Cluster struct {
 
 	mu      sync.Mutex
 	members []*embed.Etcd // nil when killed
+	// cutters end the connections that clients (through their proxies)
+	// hold to a member: KillMember uses them so that a kill is a crash,
+	// not a graceful stop waiting for long-lived streams.
+	cutters []func(member int)
+}
+
+// OnKill registers f, called while member i is being killed to end the
+// connections its clients hold to it.
+func (c *Cluster) OnKill(f func(member int)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cutters = append(c.cutters, f)
 }
 
 // freePorts returns n distinct ports the kernel considered free.
@@ -155,9 +167,27 @@ func (c *Cluster) KillMember(i int) {
 	c.mu.Lock()
 	e := c.members[i]
 	c.members[i] = nil
+	cutters := append([]func(int){}, c.cutters...)
 	c.mu.Unlock()
-	if e != nil {
-		e.Close()
+	if e == nil {
+		return
+	}
+	// Close first closes the listeners, then waits for open streams (lease
+	// keepalives, watches) up to etcd's request timeout (~6 s): cutting the
+	// clients' connections meanwhile makes the kill as quick as a crash.
+	done := make(chan struct{})
+	go func() { e.Close(); close(done) }()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick.C:
+			for _, cut := range cutters {
+				cut(i)
+			}
+		}
 	}
 }
 

@@ -56,6 +56,13 @@ func NewReplica(id int, c *Cluster, opts ...grpc.ServerOption) (*Replica, error)
 		}
 		r.proxies = append(r.proxies, p)
 	}
+	c.OnKill(func(member int) {
+		p := r.proxies[member]
+		if m := p.Mode(); m == Pass {
+			p.Set(Reset, 0)
+			p.Set(Pass, 0)
+		}
+	})
 	if err := r.Restart(); err != nil {
 		r.Close()
 		return nil, err
