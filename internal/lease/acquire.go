@@ -216,18 +216,25 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 	// refreshed, if not nil, delivers the refresh of a recycled lease, which
 	// runs alongside the join (a recycled lease was pooled less than half
 	// its TTL ago, so it lives; refreshed, it is as good as a new one).
+	// A recycled lease refreshed very recently is used as it is: the grant
+	// then counts its TTL from that refresh (base).
 	var refreshed chan kaResult
+	base, pooled := start, false
 	if o.session != nil {
 		a.id, a.ttl, a.session = o.session.id, o.session.ttl, true
 	} else {
 		ttlSec := int64((o.ttl + time.Second - 1) / time.Second)
-		if id, ok := m.pool.get(ttlSec, start); ok && recycle {
-			a.id, a.ttl = id, ttlSec
-			refreshed = make(chan kaResult, 1)
-			go func() {
-				ttl, err := m.keepAliveOnce(ctx, id)
-				refreshed <- kaResult{ttl, err}
-			}()
+		if p, ok := m.pool.get(ttlSec, start); ok && recycle {
+			a.id, a.ttl, pooled = p.id, ttlSec, true
+			if !p.refreshed.IsZero() && start.Sub(p.refreshed) < freshFor(ttlSec) {
+				base = p.refreshed
+			} else {
+				refreshed = make(chan kaResult, 1)
+				go func() {
+					ttl, err := m.keepAliveOnce(ctx, p.id)
+					refreshed <- kaResult{ttl, err}
+				}()
+			}
 		}
 		if a.id == 0 {
 			lr, err := m.cli.Grant(ctx, ttlSec)
@@ -331,6 +338,9 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 		res = m.batch.do(ctx, name, free, hold, queue)
 	}
 	awaitRefresh()
+	if pooled && errors.Is(res.err, rpctypes.ErrLeaseNotFound) {
+		recycleFailed = true
+	}
 	if recycleFailed && ctx.Err() == nil {
 		cleanup()
 		return m.joinWith(ctx, parent, name, o, false)
@@ -373,8 +383,8 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 		return a, nil, nil
 	}
 	a.rec = held
-	m.remember(a, res.rev)
-	return nil, m.grantOf(a, start, time.Duration(a.ttl)*time.Second), nil
+	m.remember(a, res.rev, base)
+	return nil, m.grantOf(a, base, time.Duration(a.ttl)*time.Second), nil
 }
 
 func (m *Manager) grantOf(a *attempt, refreshed time.Time, ttl time.Duration) *Grant {
@@ -516,10 +526,10 @@ func (m *Manager) tryClaim(ctx context.Context, a *attempt) (bool, error) {
 		return false, res.err
 	}
 	a.rec = held
-	m.remember(a, res.rev)
 	if r.err == nil {
 		a.refreshed, a.refreshedTTL = r.at, r.ttl
 	}
+	m.remember(a, res.rev, a.refreshed)
 	return true, nil
 }
 
@@ -544,7 +554,7 @@ func (m *Manager) claim(ctx, parent context.Context, a *attempt) (*Grant, error)
 			return nil, ErrLostWhileWaiting
 		}
 		a.rec = held
-		m.remember(a, tr.Header.Revision)
+		m.remember(a, tr.Header.Revision, time.Time{})
 	}
 	if a.refreshedTTL > 0 { // refreshed alongside the claim
 		return m.grantOf(a, a.refreshed, time.Duration(a.refreshedTTL)*time.Second), nil
@@ -557,6 +567,7 @@ func (m *Manager) claim(ctx, parent context.Context, a *attempt) (*Grant, error)
 	if err != nil {
 		return nil, m.etcdErr(parent, "refresh lease", err)
 	}
+	m.grants.touch(a.key, refreshed)
 	return m.grantOf(a, refreshed, time.Duration(ttl)*time.Second), nil
 }
 

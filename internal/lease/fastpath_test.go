@@ -299,3 +299,42 @@ func TestWaiterKeyGoneBeforeTheWatch(t *testing.T) {
 	}
 	m.withdraw(b)
 }
+
+// A lease recycled right after its refresh is reused without another: the
+// new grant's expiry counts from that refresh (never later than the lease's
+// real expiry); one pooled longer is refreshed for a full TTL.
+func TestFreshRecycledLeaseIsNotRefreshedAgain(t *testing.T) {
+	m, cli := newTestManager(t)
+	ctx := context.Background()
+	cycle := func(name string) *Grant {
+		t.Helper()
+		g, err := m.Acquire(ctx, name, WithTTL(5*time.Second), WithWait(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := m.Release(ctx, g.Name, g.Token, g.Handle); err != nil || !ok {
+			t.Fatalf("release: %v %v", ok, err)
+		}
+		return g
+	}
+	g1 := cycle("fresh/1")
+	g2 := cycle("fresh/2")
+	if g2.LeaseID != g1.LeaseID {
+		t.Fatalf("lease not recycled: %x then %x", g1.LeaseID, g2.LeaseID)
+	}
+	if !g2.ExpiresAt.Equal(g1.ExpiresAt) || g2.TTL != 5*time.Second {
+		t.Fatalf("reused at once: expires %v (ttl %v), want the first grant's %v", g2.ExpiresAt, g2.TTL, g1.ExpiresAt)
+	}
+	// etcd agrees: the lease outlives the expiry the grant announced.
+	if ttl, err := cli.TimeToLive(ctx, clientv3.LeaseID(g2.LeaseID)); err != nil || time.Now().Add(time.Duration(ttl.TTL+1)*time.Second).Before(g2.ExpiresAt) {
+		t.Fatalf("lease TTL %v (%v) ends before the announced expiry %v", ttl.TTL, err, g2.ExpiresAt)
+	}
+	time.Sleep(freshFor(5) + 100*time.Millisecond)
+	g3 := cycle("fresh/3")
+	if g3.LeaseID != g1.LeaseID {
+		t.Fatalf("lease not recycled: %x then %x", g1.LeaseID, g3.LeaseID)
+	}
+	if !g3.ExpiresAt.After(g1.ExpiresAt.Add(freshFor(5))) {
+		t.Fatalf("reused after %v: expires %v, want a refresh past %v", freshFor(5), g3.ExpiresAt, g1.ExpiresAt.Add(freshFor(5)))
+	}
+}

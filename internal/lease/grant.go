@@ -17,6 +17,9 @@ type held struct {
 	modRev  int64
 	rec     record
 	session bool
+	// refreshed: when this manager last sent a refresh of the lease (zero
+	// if unknown).
+	refreshed time.Time
 }
 
 // lookup returns the grant (name, token, handle), or ErrNotHeld.
@@ -59,12 +62,13 @@ func (m *Manager) cachedGrant(name string, token int64, handle string) *held {
 	if !ok || g.token != token || !sameHash(g.rec.HandleHash, sum) || g.rec.Acquired == 0 {
 		return nil
 	}
-	return &held{name: name, key: key, id: id, token: token, modRev: g.modRev, rec: g.rec, session: g.rec.Session}
+	return &held{name: name, key: key, id: id, token: token, modRev: g.modRev, rec: g.rec, session: g.rec.Session, refreshed: g.refreshed}
 }
 
-// remember records a grant this manager just made (for cachedGrant).
-func (m *Manager) remember(a *attempt, modRev int64) {
-	m.grants.put(a.key, cachedGrant{token: a.token, modRev: modRev, rec: a.rec})
+// remember records a grant this manager just made (for cachedGrant), and
+// when it sent the refresh of its lease (zero if it did not).
+func (m *Manager) remember(a *attempt, modRev int64, refreshed time.Time) {
+	m.grants.put(a.key, cachedGrant{token: a.token, modRev: modRev, rec: a.rec, refreshed: refreshed})
 }
 
 // Renewal is the outcome of KeepAlive.
@@ -93,6 +97,7 @@ func (m *Manager) KeepAlive(ctx context.Context, name string, token int64, handl
 		}
 		return nil, m.etcdErr(ctx, "renew lease", err)
 	}
+	m.grants.touch(h.key, start)
 	d := time.Duration(ttl) * time.Second
 	exp := start.Add(d)
 	return &Renewal{TTL: d, ExpiresAt: exp, SafeUntil: exp.Add(-SafetyMargin(d))}, nil

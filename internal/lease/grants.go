@@ -1,6 +1,9 @@
 package lease
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // grantCache remembers the grants this manager made, so that their release
 // needs no read: the release transaction compares the queue key's mod
@@ -18,6 +21,10 @@ type cachedGrant struct {
 	token  int64
 	modRev int64
 	rec    record
+	// refreshed is when this manager last sent a refresh of the grant's
+	// lease (at the grant; zero if unknown): its lease lives at least
+	// until refreshed + TTL.
+	refreshed time.Time
 }
 
 const maxCachedGrants = 16384
@@ -42,6 +49,16 @@ func (c *grantCache) get(key string) (cachedGrant, bool) {
 	defer c.mu.Unlock()
 	g, ok := c.m[key]
 	return g, ok
+}
+
+// touch records a refresh of the grant's lease sent at t.
+func (c *grantCache) touch(key string, t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g, ok := c.m[key]; ok && t.After(g.refreshed) {
+		g.refreshed = t
+		c.m[key] = g
+	}
 }
 
 func (c *grantCache) drop(key string) {

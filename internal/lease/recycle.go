@@ -23,37 +23,44 @@ type leasePool struct {
 }
 
 type pooledLease struct {
-	id clientv3.LeaseID
-	at time.Time // when it was pooled
+	id        clientv3.LeaseID
+	at        time.Time // when it was pooled
+	refreshed time.Time // when a refresh of it was last sent (zero: unknown)
 }
 
 const maxPooledPerTTL = 256
 
-func (p *leasePool) put(ttl int64, id clientv3.LeaseID, now time.Time) {
+func (p *leasePool) put(ttl int64, id clientv3.LeaseID, now, refreshed time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.free == nil {
 		p.free = map[int64][]pooledLease{}
 	}
 	if len(p.free[ttl]) < maxPooledPerTTL {
-		p.free[ttl] = append(p.free[ttl], pooledLease{id, now})
+		p.free[ttl] = append(p.free[ttl], pooledLease{id, now, refreshed})
 	}
 }
 
 // get returns a pooled lease of ttl seconds that was pooled recently enough
-// to likely still live (it is refreshed before use anyway).
-func (p *leasePool) get(ttl int64, now time.Time) (clientv3.LeaseID, bool) {
+// to surely still live (less than half its TTL ago).
+func (p *leasePool) get(ttl int64, now time.Time) (pooledLease, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for l := p.free[ttl]; len(l) > 0; l = p.free[ttl] {
 		e := l[len(l)-1]
 		p.free[ttl] = l[:len(l)-1]
 		if now.Sub(e.at) < time.Duration(ttl)*time.Second/2 {
-			return e.id, true
+			return e, true
 		}
 	}
-	return 0, false
+	return pooledLease{}, false
 }
+
+// freshFor is how recently a pooled lease must have been refreshed to be
+// reused without a refresh: a tenth of its TTL, at most a second. Its grant
+// then expires at that refresh plus the TTL, a little less than a full TTL
+// from now (the answer's expires_at says so).
+func freshFor(ttl int64) time.Duration { return min(time.Duration(ttl)*time.Second/10, time.Second) }
 
 // markerLease carries the "how did it end" marker keys: short-lived, since
 // readers look them up at the revision of the end (MVCC history).
@@ -145,7 +152,7 @@ func (m *Manager) end(ctx context.Context, h *held, how string) (bool, error) {
 	switch {
 	case h.session:
 	case how == endReleased && h.rec.TTL > 0:
-		m.pool.put(h.rec.TTL, h.id, m.now())
+		m.pool.put(h.rec.TTL, h.id, m.now(), h.refreshed)
 	default:
 		m.revokeLater(h.id)
 	}
