@@ -61,6 +61,18 @@ func (b *batcher) do(ctx context.Context, conflict string, cmps []clientv3.Cmp, 
 	b.pending = append(b.pending, r)
 	batches := b.take()
 	b.mu.Unlock()
+	if len(batches) == 1 && len(batches[0]) == 1 && batches[0][0] == r {
+		// Alone: commit on this goroutine, under the caller's context (no
+		// hand-off to another goroutine and back: under no load that is
+		// most of the batcher's cost). Then launch what arrived meanwhile.
+		res := b.single(ctx, r)
+		b.mu.Lock()
+		b.inflight--
+		next := b.take()
+		b.mu.Unlock()
+		b.launch(next)
+		return res
+	}
 	b.launch(batches)
 	select {
 	case res := <-r.res:

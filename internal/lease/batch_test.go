@@ -40,8 +40,11 @@ func newTestManager(t *testing.T) (*Manager, *clientv3.Client) {
 // and two joins of one lock never share one (they would both see it free).
 func TestGroupCommitSharesATxnButNeverOneLock(t *testing.T) {
 	m, cli := newTestManager(t)
-	gate := make(chan struct{})
-	m.batch.spawn = func(f func()) { go func() { <-gate; f() }() }
+	// Hold back every commit until all joins are pending, as if commits
+	// were in flight.
+	m.batch.mu.Lock()
+	m.batch.inflight = maxInflight
+	m.batch.mu.Unlock()
 
 	const n = 30
 	type result struct {
@@ -70,7 +73,7 @@ func TestGroupCommitSharesATxnButNeverOneLock(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		m.batch.mu.Lock()
-		queued := len(m.batch.pending) + m.batch.inflight
+		queued := len(m.batch.pending)
 		m.batch.mu.Unlock()
 		if queued == n {
 			break
@@ -80,7 +83,11 @@ func TestGroupCommitSharesATxnButNeverOneLock(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	close(gate)
+	m.batch.mu.Lock()
+	m.batch.inflight = 0
+	batches := m.batch.take()
+	m.batch.mu.Unlock()
+	m.batch.launch(batches)
 	wg.Wait()
 	close(results)
 
