@@ -42,6 +42,8 @@ type Replica struct {
 	conn    *grpc.ClientConn
 	lc      coordinatorv1.LockServiceClient
 	running bool
+	// stopFollow stops the validator's holder view and waits for it.
+	stopFollow func()
 }
 
 // NewReplica starts a replica with a proxy in front of every member of c.
@@ -116,7 +118,8 @@ func (r *Replica) Restart() error {
 		cli.Close()
 		return err
 	}
-	gs, _ := server.NewGRPCServer(server.NewLockService(mgr, fence.New(cli, mgr.Keyspace()), ServerLog), nil, server.WithServerOptions(r.opts...))
+	val := fence.New(cli, mgr.Keyspace())
+	gs, _ := server.NewGRPCServer(server.NewLockService(mgr, val, ServerLog), nil, server.WithServerOptions(r.opts...))
 	addr := r.addr
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -146,6 +149,12 @@ func (r *Replica) Restart() error {
 		}
 		r.lc = coordinatorv1.NewLockServiceClient(r.conn)
 	}
+	// Validations answer from the watch-fed holder view (the checkers
+	// hold it to linearizability like everything else).
+	fctx, stopFollow := context.WithCancel(context.Background())
+	followed := make(chan struct{})
+	go func() { defer close(followed); _ = val.Follow(fctx, nil) }()
+	r.stopFollow = func() { stopFollow(); <-followed }
 	r.cli, r.mgr, r.gs, r.running = cli, mgr, gs, true
 	return nil
 }
@@ -162,6 +171,7 @@ func (r *Replica) Crash() {
 	r.cli.Close()
 	r.gs.Stop()
 	r.mgr.Close()
+	r.stopFollow()
 }
 
 // PartitionFromEtcd blackholes every proxy of the replica: its etcd calls

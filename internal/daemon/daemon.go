@@ -292,6 +292,8 @@ func Run(ctx context.Context, cfg Config) error {
 		})
 	}
 	g.Go(func() error { ready.Run(gctx); return nil })
+	// Validations share one barrier read and answer from a watch-fed view.
+	g.Go(func() error { return val.Follow(gctx, log) })
 	if hsrv != nil {
 		// Hold times and expiries are seen in etcd's history, from the
 		// revision read at start-up on (only when metrics are served).

@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -77,12 +79,33 @@ type Validator struct {
 	cli   *clientv3.Client
 	ks    lease.Keyspace
 	reads reads
+	view  atomic.Pointer[view] // set while Follow runs
+	// viewed and readBack count validations answered from the view and
+	// those that read etcd themselves while it was running.
+	viewed, readBack atomic.Int64
+}
+
+// Follow keeps a watch-fed view of every lock's holder until ctx ends, so
+// that validations without a resource share one barrier read instead of a
+// range read each (see view). It returns nil when ctx ends; while it is not
+// running, or has not caught up, validations read etcd themselves. At most
+// one Follow per Validator.
+func (v *Validator) Follow(ctx context.Context, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	w := newView(v.cli, v.ks.Locks())
+	if !v.view.CompareAndSwap(nil, w) {
+		return errors.New("fence: Follow is already running")
+	}
+	defer v.view.Store(nil)
+	return w.run(ctx, log)
 }
 
 // New returns a Validator for the locks laid out by ks; marks live under
 // ks.Prefix()+"fence/".
 func New(cli *clientv3.Client, ks lease.Keyspace) *Validator {
-	return &Validator{cli: cli, ks: ks, reads: reads{cli: cli}}
+	return &Validator{cli: cli, ks: ks, reads: reads{cli: cli, barrier: ks.Prefix() + "fence/barrier"}}
 }
 
 // Validate tells whether token is the current holder's token for name. The
@@ -116,6 +139,20 @@ func (v *Validator) Validate(ctx context.Context, name string, token int64, reso
 }
 
 func (v *Validator) validate(ctx context.Context, name string, token int64) (Verdict, error) {
+	if w := v.view.Load(); w != nil {
+		rev, err := v.reads.revision()
+		if err == nil && ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		if err != nil {
+			return Verdict{}, v.etcdErr(ctx, "validate", err)
+		}
+		if cur, ok := w.holder(ctx, v.ks.Queue(name), rev); ok {
+			v.viewed.Add(1)
+			return judge(token, cur, 0), nil
+		}
+		v.readBack.Add(1)
+	}
 	r, err := v.reads.get(clientv3.OpGet(v.ks.Queue(name), append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...))
 	if err == nil && ctx.Err() != nil {
 		err = ctx.Err()

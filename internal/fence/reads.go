@@ -18,6 +18,9 @@ import (
 // waiting caller), so nobody waits long for others.
 type reads struct {
 	cli *clientv3.Client
+	// barrier is the key a batch of barriers alone reads (count only):
+	// any key under the coordinator's prefix does.
+	barrier string
 
 	mu       sync.Mutex
 	pending  []*readReq
@@ -32,11 +35,13 @@ const (
 )
 
 type readReq struct {
-	op   clientv3.Op
-	resp *pb.RangeResponse
-	err  error
-	done chan struct{}
-	lead chan struct{} // a commit slot handed over to this caller
+	op      clientv3.Op
+	barrier bool  // no op of its own: only the batch's revision
+	rev     int64 // the revision the batch read at
+	resp    *pb.RangeResponse
+	err     error
+	done    chan struct{}
+	lead    chan struct{} // a commit slot handed over to this caller
 	// handed is 1 while a slot sent on lead is not yet taken (guarded by
 	// reads.mu); a request is handed at most one slot at a time, so the
 	// send never blocks and no slot is ever lost.
@@ -46,6 +51,20 @@ type readReq struct {
 // get runs op (a Get) linearizably, batched with concurrent ones.
 func (r *reads) get(op clientv3.Op) (*pb.RangeResponse, error) {
 	q := &readReq{op: op, done: make(chan struct{}), lead: make(chan struct{}, 1)}
+	err := r.do(q)
+	return q.resp, err
+}
+
+// revision returns a revision at least as new as every write completed
+// before the call: the revision of a linearizable read (shared by every
+// concurrent caller: a batch of barriers reads one key).
+func (r *reads) revision() (int64, error) {
+	q := &readReq{barrier: true, done: make(chan struct{}), lead: make(chan struct{}, 1)}
+	err := r.do(q)
+	return q.rev, err
+}
+
+func (r *reads) do(q *readReq) error {
 	r.mu.Lock()
 	r.pending = append(r.pending, q)
 	leader := r.inflight < maxReadInflight
@@ -74,7 +93,7 @@ func (r *reads) get(op clientv3.Op) (*pb.RangeResponse, error) {
 				<-q.lead
 				r.commitRounds()
 			}
-			return q.resp, q.err
+			return q.err
 		}
 	}
 }
@@ -120,16 +139,28 @@ func (r *reads) handable() *readReq {
 func (r *reads) commit(batch []*readReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), readLimit)
 	defer cancel()
-	ops := make([]clientv3.Op, len(batch))
+	ops := make([]clientv3.Op, 0, len(batch))
+	idx := make([]int, len(batch)) // each request's response, -1 for barriers
 	for i, q := range batch {
-		ops[i] = q.op
+		idx[i] = -1
+		if !q.barrier {
+			idx[i] = len(ops)
+			ops = append(ops, q.op)
+		}
+	}
+	if len(ops) == 0 {
+		ops = append(ops, clientv3.OpGet(r.barrier, clientv3.WithCountOnly()))
 	}
 	resp, err := r.cli.Txn(ctx).Then(ops...).Commit()
 	for i, q := range batch {
-		if err != nil {
+		switch {
+		case err != nil:
 			q.err = err
-		} else {
-			q.resp = resp.Responses[i].GetResponseRange()
+		case idx[i] >= 0:
+			q.resp = resp.Responses[idx[i]].GetResponseRange()
+			q.rev = resp.Header.Revision
+		default:
+			q.rev = resp.Header.Revision
 		}
 		close(q.done)
 	}

@@ -38,6 +38,9 @@ func (k Keyspace) Prefix() string { return k.prefix }
 
 func (k Keyspace) locks() string { return k.prefix + "locks/" }
 
+// Locks is the prefix of every lock's queue keys.
+func (k Keyspace) Locks() string { return k.locks() }
+
 // Queue is the key prefix of the lock's queue: every contender's key starts
 // with it and no other lock's key does.
 func (k Keyspace) Queue(name string) string { return k.locks() + escape(name) + "/" }

@@ -49,6 +49,8 @@ type env struct {
 	conn    *grpc.ClientConn
 	lc      coordinatorv1.LockServiceClient
 	stopped bool
+	// stopFollow stops the validator's holder view and waits for it.
+	stopFollow func()
 }
 
 func newEnv(t *testing.T, opts ...lease.Option) *env {
@@ -75,8 +77,14 @@ func (e *env) start(opts ...lease.Option) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := server.NewLockService(e.mgr, fence.New(e.cli, e.mgr.Keyspace()), nil)
+	val := fence.New(e.cli, e.mgr.Keyspace())
+	svc := server.NewLockService(e.mgr, val, nil)
 	e.gs, _ = server.NewGRPCServer(svc, nil)
+	// Every test's validations go through the watch-fed holder view.
+	fctx, stopFollow := context.WithCancel(context.Background())
+	followed := make(chan struct{})
+	go func() { defer close(followed); _ = val.Follow(fctx, nil) }()
+	e.stopFollow = func() { stopFollow(); <-followed }
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -102,6 +110,9 @@ func (e *env) stop() {
 		return
 	}
 	e.stopped = true
+	if e.stopFollow != nil {
+		e.stopFollow()
+	}
 	e.mgr.Close()
 	e.gs.Stop()
 	e.conn.Close()
