@@ -2,9 +2,12 @@ package chaos_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -99,6 +102,10 @@ func TestSIGSTOPReplicaProcess(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	// The signal takes effect asynchronously: a renewal sent before the
+	// process is really stopped may be answered at once (a renewal takes
+	// about a millisecond), which is not what this test is about.
+	eventually(t, 5*time.Second, "the process is stopped", func() bool { return processState(cmd.Process.Pid) == 'T' })
 	stopped := time.Now()
 	// A renewal sent to the frozen process: it cannot answer in time.
 	inflight := make(chan chaos.Outcome, 1)
@@ -134,4 +141,18 @@ func TestSIGSTOPReplicaProcess(t *testing.T) {
 	<-ctx.Done()
 	<-bg
 	check(t, w, true)
+}
+
+// processState is the state letter of /proc/<pid>/stat ('T': stopped), or 0.
+func processState(pid int) byte {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// pid (comm) state ...: comm may hold spaces, so look after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0
+	}
+	return b[i+2]
 }

@@ -27,6 +27,12 @@ var (
 	ErrShuttingDown = errors.New("lease: coordinator shutting down; retry on another replica")
 )
 
+// errLateRenewal: the renewal reached etcd, but this replica saw its answer
+// only after the expiry it would promise (the process was paused, say): the
+// lease may have ended and the lock passed on meanwhile, so it is reported
+// as gone.
+var errLateRenewal = fmt.Errorf("%w (the renewal's answer came after the expiry it would promise: the lease may have ended meanwhile)", ErrNotHeld)
+
 // NotGrantedError reports who holds the lock when a wait ends ungranted.
 type NotGrantedError struct {
 	Name string

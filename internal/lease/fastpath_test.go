@@ -338,3 +338,42 @@ func TestFreshRecycledLeaseIsNotRefreshedAgain(t *testing.T) {
 		t.Fatalf("reused after %v: expires %v, want a refresh past %v", freshFor(5), g3.ExpiresAt, g1.ExpiresAt.Add(freshFor(5)))
 	}
 }
+
+// A renewal whose answer this replica sees only after the expiry it would
+// promise (the process was paused while it was in flight) is reported as
+// gone, never as renewed: the lease may have ended and the lock passed on.
+func TestLateRenewalIsNotReportedAsRenewed(t *testing.T) {
+	m, _ := newTestManager(t)
+	ctx := context.Background()
+	g, err := m.Acquire(ctx, "late", WithTTL(2*time.Second), WithWait(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := m.OpenSession(ctx, 2*time.Second, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.KeepAlive(ctx, g.Name, g.Token, g.Handle); err != nil {
+		t.Fatalf("timely renewal: %v", err)
+	}
+	if _, _, err := m.KeepAliveSession(ctx, s.Handle); err != nil {
+		t.Fatalf("timely session renewal: %v", err)
+	}
+	// From now on the clock jumps 3 s at every reading after the first of
+	// a renewal: its answer arrives after the 2 s it would promise.
+	var mu sync.Mutex
+	skew := time.Duration(0)
+	m.now = func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		now := time.Now().Add(skew)
+		skew += 3 * time.Second
+		return now
+	}
+	if _, err := m.KeepAlive(ctx, g.Name, g.Token, g.Handle); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("late renewal: %v, want ErrNotHeld", err)
+	}
+	if _, _, err := m.KeepAliveSession(ctx, s.Handle); !errors.Is(err, ErrSessionNotFound) {
+		t.Fatalf("late session renewal: %v, want ErrSessionNotFound", err)
+	}
+}

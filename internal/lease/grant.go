@@ -97,9 +97,12 @@ func (m *Manager) KeepAlive(ctx context.Context, name string, token int64, handl
 		}
 		return nil, m.etcdErr(ctx, "renew lease", err)
 	}
-	m.grants.touch(h.key, start)
 	d := time.Duration(ttl) * time.Second
 	exp := start.Add(d)
+	if !m.now().Before(exp) {
+		return nil, errLateRenewal
+	}
+	m.grants.touch(h.key, start)
 	return &Renewal{TTL: d, ExpiresAt: exp, SafeUntil: exp.Add(-SafetyMargin(d))}, nil
 }
 

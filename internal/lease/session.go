@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -152,6 +153,9 @@ func (m *Manager) KeepAliveSession(ctx context.Context, handle string) (*Renewal
 	}
 	d := time.Duration(ttl) * time.Second
 	exp := start.Add(d)
+	if !m.now().Before(exp) {
+		return nil, nil, fmt.Errorf("%w (the renewal's answer came after the expiry it would promise: the session may have ended meanwhile)", ErrSessionNotFound)
+	}
 	return &Renewal{TTL: d, ExpiresAt: exp, SafeUntil: exp.Add(-SafetyMargin(d))}, hs, nil
 }
 
