@@ -31,7 +31,7 @@ type view struct {
 	mu      sync.Mutex
 	live    bool                        // following: rev is meaningful
 	rev     int64                       // every change up to rev is applied
-	queues  map[string]map[string]int64 // queue prefix -> key -> create revision
+	queues  map[string][]member // queue prefix -> its keys
 	moved   chan struct{}               // closed and replaced when rev advances or live changes
 	asked   bool                        // a progress request is outstanding
 	request func()                      // asks the watch for progress
@@ -41,6 +41,48 @@ type view struct {
 // with its barrier before it reads etcd itself.
 const viewWait = 250 * time.Millisecond
 
+// member is one key of a queue: the part after the queue prefix, and its
+// create revision. A queue has few keys (usually one): a slice is far
+// smaller than a map per queue (100,000 held locks: ~25 MiB less).
+type member struct {
+	suffix string
+	rev    int64
+}
+
+// put records key (of queue q) with create revision rev; w.mu is held.
+func (w *view) put(q, key string, rev int64) {
+	suffix := key[len(q):]
+	ms := w.queues[q]
+	for i := range ms {
+		if ms[i].suffix == suffix {
+			ms[i].rev = rev
+			return
+		}
+	}
+	if ms == nil {
+		q = strings.Clone(q) // not a slice of key: the key's bytes can go
+	}
+	w.queues[q] = append(ms, member{strings.Clone(suffix), rev})
+}
+
+// del forgets key (of queue q); w.mu is held.
+func (w *view) del(q, key string) {
+	suffix := key[len(q):]
+	ms := w.queues[q]
+	for i := range ms {
+		if ms[i].suffix == suffix {
+			ms[i] = ms[len(ms)-1]
+			ms = ms[:len(ms)-1]
+			break
+		}
+	}
+	if len(ms) == 0 {
+		delete(w.queues, q)
+	} else {
+		w.queues[q] = ms
+	}
+}
+
 func newView(cli *clientv3.Client, prefix string) *view {
 	return &view{cli: cli, prefix: prefix, moved: make(chan struct{})}
 }
@@ -48,8 +90,12 @@ func newView(cli *clientv3.Client, prefix string) *view {
 // holder returns the token of queue's holder (0: free) as of a revision at
 // or after min, or false if the view cannot answer in time.
 func (w *view) holder(ctx context.Context, queue string, min int64) (int64, bool) {
-	deadline := time.NewTimer(viewWait)
-	defer deadline.Stop()
+	var deadline *time.Timer // made only if the view has to catch up
+	defer func() {
+		if deadline != nil {
+			deadline.Stop()
+		}
+	}()
 	for {
 		w.mu.Lock()
 		if !w.live {
@@ -58,9 +104,9 @@ func (w *view) holder(ctx context.Context, queue string, min int64) (int64, bool
 		}
 		if w.rev >= min {
 			var cur int64
-			for _, rev := range w.queues[queue] {
-				if cur == 0 || rev < cur {
-					cur = rev
+			for _, m := range w.queues[queue] {
+				if cur == 0 || m.rev < cur {
+					cur = m.rev
 				}
 			}
 			w.mu.Unlock()
@@ -73,6 +119,9 @@ func (w *view) holder(ctx context.Context, queue string, min int64) (int64, bool
 		w.mu.Unlock()
 		if ask {
 			request()
+		}
+		if deadline == nil {
+			deadline = time.NewTimer(viewWait)
 		}
 		select {
 		case <-moved:
@@ -156,14 +205,12 @@ func (w *view) follow(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load: %w", err)
 	}
-	queues := map[string]map[string]int64{}
+	loaded := &view{queues: make(map[string][]member, len(r.Kvs))}
 	for _, kv := range r.Kvs {
-		q := queueOf(string(kv.Key))
-		if queues[q] == nil {
-			queues[q] = map[string]int64{}
-		}
-		queues[q][string(kv.Key)] = kv.CreateRevision
+		key := string(kv.Key)
+		loaded.put(queueOf(key), key, kv.CreateRevision)
 	}
+	queues := loaded.queues
 	wch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(r.Header.Revision+1),
 		clientv3.WithProgressNotify())
 	w.mu.Lock()
@@ -197,15 +244,9 @@ func (w *view) follow(ctx context.Context) error {
 				q := queueOf(key)
 				switch ev.Type {
 				case mvccpb.PUT:
-					if w.queues[q] == nil {
-						w.queues[q] = map[string]int64{}
-					}
-					w.queues[q][key] = ev.Kv.CreateRevision
+					w.put(q, key, ev.Kv.CreateRevision)
 				case mvccpb.DELETE:
-					delete(w.queues[q], key)
-					if len(w.queues[q]) == 0 {
-						delete(w.queues, q)
-					}
+					w.del(q, key)
 				}
 				upTo = max(upTo, ev.Kv.ModRevision)
 			}

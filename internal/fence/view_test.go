@@ -162,7 +162,7 @@ func TestViewNeverAnswersBehindTheBarrier(t *testing.T) {
 	_, v := setup(t)
 	w := newView(v.cli, v.ks.Locks())
 	w.mu.Lock()
-	w.live, w.rev, w.queues = true, 5, map[string]map[string]int64{"q/": {"q/a": 3}}
+	w.live, w.rev, w.queues = true, 5, map[string][]member{"q/": {{"a", 3}}}
 	asked := 0
 	w.request = func() { asked++ }
 	w.mu.Unlock()
