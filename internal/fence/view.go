@@ -29,12 +29,12 @@ type view struct {
 	prefix string // the locks prefix
 
 	mu      sync.Mutex
-	live    bool                        // following: rev is meaningful
-	rev     int64                       // every change up to rev is applied
+	live    bool                // following: rev is meaningful
+	rev     int64               // every change up to rev is applied
 	queues  map[string][]member // queue prefix -> its keys
-	moved   chan struct{}               // closed and replaced when rev advances or live changes
-	asked   bool                        // a progress request is outstanding
-	request func()                      // asks the watch for progress
+	moved   chan struct{}       // closed and replaced when rev advances or live changes
+	asked   bool                // a progress request is outstanding
+	request func()              // asks the watch for progress
 }
 
 // viewWait bounds how long a validation waits for the view to catch up

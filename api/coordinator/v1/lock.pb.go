@@ -378,9 +378,12 @@ type AcquireResponse struct {
 	// The TTL actually granted (a whole number of seconds, >= the request's).
 	Ttl *durationpb.Duration `protobuf:"bytes,4,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	// The server's estimate of when the lease ends unless renewed: the moment
-	// before the lease was granted or last refreshed, plus `ttl`. etcd decides
-	// expiry on its own clock and never earlier than this, but clients must
-	// stop work before it, with a margin for their own clock drift and pauses.
+	// before the lease was granted or last refreshed, plus `ttl`. (A lease
+	// the server reuses within min(ttl/10, 1s) of its last refresh is not
+	// refreshed again, so this can be up to a second short of now + ttl.)
+	// etcd decides expiry on its own clock and never earlier than this, but
+	// clients must stop work before it, with a margin for their own clock
+	// drift and pauses.
 	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	// expires_at minus a safety margin of max(ttl/10, 500ms), at most ttl/2:
 	// the instant the holder must stop working unless a renewal succeeded
