@@ -113,7 +113,7 @@ func BenchmarkBatcher(b *testing.B) {
 		key := fmt.Sprintf("/bench/batch/%d", id.Add(1))
 		for pb.Next() {
 			res := bt.do(context.Background(), key,
-				[]clientv3.Cmp{clientv3.Compare(clientv3.Version(key), ">=", 0)},
+				[]clientv3.Cmp{clientv3.Compare(clientv3.Version(key), ">", -1)},
 				[]clientv3.Op{clientv3.OpPut(key, "v")}, nil)
 			if res.err != nil || !res.ok {
 				b.Errorf("txn: %v %v", res.ok, res.err)
