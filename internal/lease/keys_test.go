@@ -102,3 +102,20 @@ func nonCanonicalLast(h string) string {
 	i := strings.IndexByte(alphabet, h[len(h)-1])
 	return string(alphabet[i^1])
 }
+
+// Handles drawn from the buffered random source never repeat, across
+// buffer refills, and each is the full secret length.
+func TestHandlesAreDistinctAcrossRefills(t *testing.T) {
+	seen := map[string]bool{}
+	for i := range 3 * 4096 / secretLen { // three buffers' worth
+		h, sum := newHandle(clientv3.LeaseID(42))
+		if seen[h] {
+			t.Fatalf("handle %d repeats: %s", i, h)
+		}
+		seen[h] = true
+		id, got, err := parseHandle(h)
+		if err != nil || id != 42 || !sameHash(got, sum) {
+			t.Fatalf("handle %s does not parse back: %v %v", h, id, err)
+		}
+	}
+}
