@@ -16,18 +16,53 @@ import (
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
 )
 
-func newTestManager(t *testing.T) (*Manager, *clientv3.Client) {
-	t.Helper()
-	e, err := embedetcd.Start(context.Background(), t.TempDir(), embedetcd.WithFastElection())
+// testEtcd starts an embedded etcd for tb and returns a client of it.
+func testEtcd(tb testing.TB, opts ...embedetcd.Option) *clientv3.Client {
+	tb.Helper()
+	e, err := embedetcd.Start(context.Background(), tb.TempDir(), opts...)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(e.Close)
+	tb.Cleanup(e.Close)
 	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), Logger: zap.NewNop()})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() { cli.Close() })
+	tb.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// holdCommits makes m's batcher keep every transaction pending, as if two
+// commits were in flight; the returned func waits until n are pending and
+// returns the batches take() makes of them (not launched yet).
+func holdCommits(t *testing.T, m *Manager) func(n int) [][]*txnReq {
+	m.batch.mu.Lock()
+	m.batch.inflight = maxInflight
+	m.batch.mu.Unlock()
+	return func(n int) [][]*txnReq {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			m.batch.mu.Lock()
+			queued := len(m.batch.pending)
+			if queued == n {
+				m.batch.inflight = 0
+				batches := m.batch.take()
+				m.batch.mu.Unlock()
+				return batches
+			}
+			m.batch.mu.Unlock()
+			if time.Now().After(deadline) {
+				t.Fatalf("only %d of %d transactions pending", queued, n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+func newTestManager(t *testing.T) (*Manager, *clientv3.Client) {
+	t.Helper()
+	cli := testEtcd(t, embedetcd.WithFastElection())
 	m, err := New(cli)
 	if err != nil {
 		t.Fatal(err)
@@ -40,11 +75,8 @@ func newTestManager(t *testing.T) (*Manager, *clientv3.Client) {
 // and two joins of one lock never share one (they would both see it free).
 func TestGroupCommitSharesATxnButNeverOneLock(t *testing.T) {
 	m, cli := newTestManager(t)
-	// Hold back every commit until all joins are pending, as if commits
-	// were in flight.
-	m.batch.mu.Lock()
-	m.batch.inflight = maxInflight
-	m.batch.mu.Unlock()
+	// Hold back every commit until all joins are pending.
+	pending := holdCommits(t, m)
 
 	const n = 30
 	type result struct {
@@ -70,24 +102,7 @@ func TestGroupCommitSharesATxnButNeverOneLock(t *testing.T) {
 			results <- result{name, g, err}
 		}()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		m.batch.mu.Lock()
-		queued := len(m.batch.pending)
-		m.batch.mu.Unlock()
-		if queued == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d joins queued", queued)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	m.batch.mu.Lock()
-	m.batch.inflight = 0
-	batches := m.batch.take()
-	m.batch.mu.Unlock()
-	m.batch.launch(batches)
+	m.batch.launch(pending(n))
 	wg.Wait()
 	close(results)
 
@@ -138,11 +153,8 @@ func TestReleaseAndJoinsOfOneLockShareATxn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Hold back every commit until all four are pending, as if two commits
-	// were in flight.
-	m.batch.mu.Lock()
-	m.batch.inflight = maxInflight
-	m.batch.mu.Unlock()
+	// Hold back every commit until all four are pending.
+	pending := holdCommits(t, m)
 
 	const joiners = 3
 	var (
@@ -177,23 +189,7 @@ func TestReleaseAndJoinsOfOneLockShareATxn(t *testing.T) {
 			}
 		}()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		m.batch.mu.Lock()
-		queued := len(m.batch.pending)
-		m.batch.mu.Unlock()
-		if queued == joiners+1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d transactions queued", queued)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	m.batch.mu.Lock()
-	m.batch.inflight = 0
-	batches := m.batch.take()
-	m.batch.mu.Unlock()
+	batches := pending(joiners + 1)
 	if len(batches[0]) != 2 {
 		t.Fatalf("first batch has %d transactions, want the release and one join", len(batches[0]))
 	}

@@ -8,9 +8,6 @@ import (
 	"testing"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
-
-	"github.com/coordinatord/coordinatord/internal/embedetcd"
 )
 
 // Hot-path micro-benchmarks: every Acquire, Release, KeepAlive and
@@ -94,16 +91,7 @@ func BenchmarkParseHandle(b *testing.B) {
 // joins and releases of distinct locks are. ns/op is per transaction; the
 // txns/commit metric is how many shared one etcd Txn.
 func BenchmarkBatcher(b *testing.B) {
-	e, err := embedetcd.Start(context.Background(), b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(e.Close)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), Logger: zap.NewNop()})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { cli.Close() })
+	cli := testEtcd(b) // etcd's default timings, as the daemon runs it
 	var commits atomic.Int64
 	bt := &batcher{cli: cli, spawn: func(f func()) { commits.Add(1); go f() }}
 	var id atomic.Int64
