@@ -3,6 +3,7 @@ package chaos
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,7 +17,11 @@ const (
 	// Delay forwards bytes after a fixed delay per chunk.
 	Delay
 	// Blackhole accepts connections and bytes and silently drops them: the
-	// peer sees a connection that never answers.
+	// peer sees a connection that never answers. A connection that lost
+	// bytes is closed when the mode changes again: TCP never delivers a
+	// stream with a hole in it (a real partition ends in retransmission or
+	// a reset), and a gRPC connection that carried on after losing frames
+	// would lose watch events no real network can lose.
 	Blackhole
 	// Reset closes every connection and refuses new ones (accepts and
 	// closes at once).
@@ -35,7 +40,7 @@ type Proxy struct {
 	mu    sync.Mutex
 	mode  Mode
 	delay time.Duration
-	conns map[net.Conn]struct{}
+	conns map[net.Conn]*atomic.Bool // each connection's "lost bytes" flag, shared by its pair
 	done  bool
 	wg    sync.WaitGroup
 }
@@ -46,7 +51,7 @@ func NewProxy(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{target: target, lis: lis, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{target: target, lis: lis, conns: map[net.Conn]*atomic.Bool{}}
 	p.wg.Go(p.serve)
 	return p, nil
 }
@@ -61,15 +66,15 @@ func (p *Proxy) Mode() Mode {
 	return p.mode
 }
 
-// Set switches the mode; d is the per-chunk delay of Delay. Reset (and
-// Blackhole, so that the client notices on reconnect) closes the
-// connections open now.
+// Set switches the mode; d is the per-chunk delay of Delay. Reset closes
+// the connections open now; any mode but Blackhole closes those that lost
+// bytes to a Blackhole.
 func (p *Proxy) Set(m Mode, d time.Duration) {
 	p.mu.Lock()
 	p.mode, p.delay = m, d
 	var open []net.Conn
-	if m == Reset {
-		for c := range p.conns {
+	for c, holed := range p.conns {
+		if m == Reset || (m != Blackhole && holed.Load()) {
 			open = append(open, c)
 		}
 	}
@@ -79,13 +84,13 @@ func (p *Proxy) Set(m Mode, d time.Duration) {
 	}
 }
 
-func (p *Proxy) track(c net.Conn) bool {
+func (p *Proxy) track(c net.Conn, holed *atomic.Bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.done {
 		return false
 	}
-	p.conns[c] = struct{}{}
+	p.conns[c] = holed
 	return true
 }
 
@@ -102,7 +107,7 @@ func (p *Proxy) serve() {
 		if err != nil {
 			return
 		}
-		if p.Mode() == Reset || !p.track(c) {
+		if p.Mode() == Reset || !p.track(c, new(atomic.Bool)) {
 			c.Close()
 			continue
 		}
@@ -112,23 +117,27 @@ func (p *Proxy) serve() {
 
 func (p *Proxy) handle(c net.Conn) {
 	defer p.untrack(c)
+	p.mu.Lock()
+	holed := p.conns[c]
+	p.mu.Unlock()
 	up, err := net.DialTimeout("tcp", p.target, 2*time.Second)
 	if err != nil {
 		return
 	}
-	if !p.track(up) {
+	if !p.track(up, holed) {
 		up.Close()
 		return
 	}
 	defer p.untrack(up)
 	var wg sync.WaitGroup
-	wg.Go(func() { p.pipe(up, c); up.Close(); c.Close() })
-	wg.Go(func() { p.pipe(c, up); up.Close(); c.Close() })
+	wg.Go(func() { p.pipe(up, c, holed); up.Close(); c.Close() })
+	wg.Go(func() { p.pipe(c, up, holed); up.Close(); c.Close() })
 	wg.Wait()
 }
 
-// pipe copies src to dst, applying the mode to every chunk.
-func (p *Proxy) pipe(dst, src net.Conn) {
+// pipe copies src to dst, applying the mode to every chunk. Once the pair
+// lost bytes (holed), it carries nothing more.
+func (p *Proxy) pipe(dst, src net.Conn, holed *atomic.Bool) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
@@ -136,12 +145,12 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 			p.mu.Lock()
 			m, d := p.mode, p.delay
 			p.mu.Unlock()
-			switch m {
-			case Blackhole:
-				// dropped
-			case Reset:
+			switch {
+			case m == Blackhole:
+				holed.Store(true) // dropped
+			case holed.Load() || m == Reset:
 				return
-			case Delay:
+			case m == Delay:
 				time.Sleep(d)
 				fallthrough
 			default:
