@@ -24,6 +24,9 @@ import (
 // the barrier, after the call began; V >= B was committed before it is
 // seen). When the view is not following (starting, watch broken, compacted)
 // or does not catch up within viewWait, the validation reads etcd itself.
+// It relies on etcd's watch guarantee: on a live watch, every event, in
+// revision order, none missing (a stream that loses data breaks, and
+// clientv3 resumes it from the next revision expected).
 type view struct {
 	cli    *clientv3.Client
 	prefix string // the locks prefix
