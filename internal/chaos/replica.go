@@ -151,10 +151,7 @@ func (r *Replica) Restart() error {
 	}
 	// Validations answer from the watch-fed holder view (the checkers
 	// hold it to linearizability like everything else).
-	fctx, stopFollow := context.WithCancel(context.Background())
-	followed := make(chan struct{})
-	go func() { defer close(followed); _ = val.Follow(fctx, nil) }()
-	r.stopFollow = func() { stopFollow(); <-followed }
+	r.stopFollow = val.FollowInBackground(nil)
 	r.cli, r.mgr, r.gs, r.running = cli, mgr, gs, true
 	return nil
 }

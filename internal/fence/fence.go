@@ -102,6 +102,14 @@ func (v *Validator) Follow(ctx context.Context, log *slog.Logger) error {
 	return w.run(ctx, log)
 }
 
+// FollowInBackground runs Follow in a goroutine; stop ends it and waits.
+func (v *Validator) FollowInBackground(log *slog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = v.Follow(ctx, log) }()
+	return func() { cancel(); <-done }
+}
+
 // New returns a Validator for the locks laid out by ks; marks live under
 // ks.Prefix()+"fence/".
 func New(cli *clientv3.Client, ks lease.Keyspace) *Validator {
@@ -139,7 +147,7 @@ func (v *Validator) Validate(ctx context.Context, name string, token int64, reso
 }
 
 func (v *Validator) validate(ctx context.Context, name string, token int64) (Verdict, error) {
-	if w := v.view.Load(); w != nil {
+	if w := v.view.Load(); w != nil && w.following() {
 		rev, err := v.reads.revision()
 		if err == nil && ctx.Err() != nil {
 			err = ctx.Err()

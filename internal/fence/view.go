@@ -154,6 +154,13 @@ func (w *view) wake() {
 	w.moved = make(chan struct{})
 }
 
+// following reports whether the view is live (a validation may wait for it).
+func (w *view) following() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.live
+}
+
 func (w *view) setLive(live bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

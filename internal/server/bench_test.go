@@ -46,10 +46,7 @@ func benchEnv(b *testing.B) coordinatorv1.LockServiceClient {
 	}
 	b.Cleanup(mgr.Close)
 	val := fence.New(cli, mgr.Keyspace())
-	fctx, stopFollow := context.WithCancel(context.Background())
-	followed := make(chan struct{})
-	go func() { defer close(followed); _ = val.Follow(fctx, nil) }() // as the daemon does
-	b.Cleanup(func() { stopFollow(); <-followed })
+	b.Cleanup(val.FollowInBackground(nil)) // as the daemon follows
 	gs, _ := server.NewGRPCServer(server.NewLockService(mgr, val, nil), nil)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

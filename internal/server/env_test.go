@@ -81,10 +81,7 @@ func (e *env) start(opts ...lease.Option) {
 	svc := server.NewLockService(e.mgr, val, nil)
 	e.gs, _ = server.NewGRPCServer(svc, nil)
 	// Every test's validations go through the watch-fed holder view.
-	fctx, stopFollow := context.WithCancel(context.Background())
-	followed := make(chan struct{})
-	go func() { defer close(followed); _ = val.Follow(fctx, nil) }()
-	e.stopFollow = func() { stopFollow(); <-followed }
+	e.stopFollow = val.FollowInBackground(nil)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
