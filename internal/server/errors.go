@@ -63,6 +63,13 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 	return status.Error(codes.Internal, "internal error; the coordinator logged the cause")
 }
 
+// withReason is a status whose ErrorInfo carries a stable, machine-readable
+// reason (UPPER_SNAKE) and lowerCamel metadata keys: the form every new error
+// takes (the Google API error model).
+func withReason(code codes.Code, msg, reason string, metadata map[string]string) error {
+	return withDetails(status.New(code, msg), &errdetails.ErrorInfo{Reason: reason, Domain: "coordinatord", Metadata: metadata})
+}
+
 func withDetails(st *status.Status, detail protoadapt.MessageV1) error {
 	if d, err := st.WithDetails(detail); err == nil {
 		st = d
