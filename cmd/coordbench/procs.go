@@ -55,7 +55,9 @@ func runChild(role string, args []string) int {
 
 	switch role {
 	case roleEtcd:
-		e, err := embedetcd.Start(ctx, *dataDir) // etcd's default timings (TickMs 100, ElectionMs 1000)
+		// etcd's default timings (TickMs 100, ElectionMs 1000), and TCP as a
+		// separate etcd cluster is reached (not the embedded mode's socket).
+		e, err := embedetcd.Start(ctx, *dataDir, embedetcd.WithInsecureTCPClients())
 		if err != nil {
 			fmt.Fprintln(os.Stderr, role, err)
 			return 1
