@@ -26,7 +26,6 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/coordinatord/coordinatord/internal/authz"
-	"github.com/coordinatord/coordinatord/internal/embedetcd"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/logging"
@@ -52,6 +51,16 @@ type Config struct {
 	KeyPrefix string
 	// DataDir holds the embedded etcd's data.
 	DataDir string
+	// Embedded etcd only (ignored with EtcdEndpoints): its auto-compaction
+	// (etcd's --auto-compaction-mode and -retention; empty: periodic, 5m;
+	// retention "0": off), its quota (--quota-backend-bytes; 0: 2 GiB), and
+	// how often its space keeper looks (0: 5s), see internal/embedetcd.
+	EtcdAutoCompactionMode, EtcdAutoCompactionRetention string
+	EtcdQuotaBackendBytes                               int64
+	EtcdSpaceCheck                                      time.Duration
+	// ReadinessInterval is how often etcd is probed for /readyz and the gRPC
+	// health status (0: 2s).
+	ReadinessInterval time.Duration
 	// DefaultTTL and MaxTTL bound lease TTLs.
 	DefaultTTL, MaxTTL time.Duration
 	// MaxHold caps how long a grant may be renewed (zero: the lease
@@ -124,7 +133,7 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Warn("SINGLE-NODE MODE: no --etcd-endpoints given, starting an embedded single-member etcd; "+
 			"fine for a laptop, a demo or one node, but it is a single point of failure: use a 3- or 5-member etcd cluster in production",
 			"data_dir", cfg.DataDir)
-		e, err := embedetcd.Start(ctx, cfg.DataDir, embedetcd.WithLogger(log))
+		e, err := startEmbedded(ctx, cfg, log)
 		if err != nil {
 			return err
 		}
@@ -225,15 +234,18 @@ func Run(ctx context.Context, cfg Config) error {
 	gs, hs := server.NewGRPCServer(server.NewLockService(mgr, val, log), log, srvOpts...)
 	metrics.Initialize(gs)
 	hs.SetServingStatus(readyService, healthpb.HealthCheckResponse_NOT_SERVING)
-	ready := opshttp.NewReadiness(2*time.Second, time.Second, func(ctx context.Context) error {
-		_, err := cli.Get(ctx, probeKey, clientv3.WithCountOnly()) // linearizable: needs quorum
-		return err
-	}, func(ok bool) {
+	readyEvery := cfg.ReadinessInterval
+	if readyEvery <= 0 {
+		readyEvery = 2 * time.Second
+	}
+	var ready *opshttp.Readiness
+	ready = opshttp.NewReadiness(readyEvery, time.Second, etcdProbe(cli, probeKey), func(ok bool) {
 		st := healthpb.HealthCheckResponse_NOT_SERVING
 		if ok {
 			st = healthpb.HealthCheckResponse_SERVING
 		} else {
-			log.Warn("not ready: etcd does not answer, or shutting down")
+			_, why := ready.Ready()
+			log.Warn("not ready", "reason", why)
 		}
 		hs.SetServingStatus(readyService, st)
 	})

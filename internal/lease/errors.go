@@ -25,6 +25,13 @@ var (
 	ErrSessionBusy = errors.New("lease: this session already holds or waits for this lock")
 	// ErrShuttingDown: the manager is closing; retry on another replica.
 	ErrShuttingDown = errors.New("lease: coordinator shutting down; retry on another replica")
+	// ErrStoreFull: etcd refused a write because its store reached its
+	// quota (etcd's NOSPACE alarm); writes fail until space is reclaimed
+	// and the alarm disarmed, reads go on. Retry later.
+	ErrStoreFull = errors.New("lease: etcd's store is full (its quota is reached, NOSPACE alarm) and refuses writes until space is reclaimed: " +
+		"the embedded etcd compacts, defragments and disarms by itself within seconds; an external cluster needs " +
+		"--auto-compaction-mode/--auto-compaction-retention, or an operator's compaction, defragmentation and `etcdctl alarm disarm`; " +
+		"if live data fills it, raise the quota (--quota-backend-bytes)")
 )
 
 // errLateRenewal: the renewal reached etcd, but this replica saw its answer

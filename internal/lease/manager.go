@@ -197,8 +197,11 @@ func (m *Manager) etcdErr(ctx context.Context, op string, err error) error {
 }
 
 // classify wraps the etcd errors that mean "etcd is unavailable, retry" in
-// ErrUnavailable.
+// ErrUnavailable, and etcd's "database space exceeded" in ErrStoreFull.
 func classify(op string, err error) error {
+	if errors.Is(err, rpctypes.ErrNoSpace) {
+		return fmt.Errorf("%w: %s: %v", ErrStoreFull, op, err)
+	}
 	for _, u := range []error{
 		rpctypes.ErrNoLeader, rpctypes.ErrLeaderChanged, rpctypes.ErrNotCapable,
 		rpctypes.ErrTimeout, rpctypes.ErrTimeoutDueToLeaderFail, rpctypes.ErrTimeoutDueToConnectionLost,

@@ -46,6 +46,8 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, lease.ErrTooManyLocks):
 		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, lease.ErrStoreFull):
+		return withReason(codes.ResourceExhausted, err.Error(), "STORE_FULL", nil)
 	case errors.Is(err, lease.ErrCompacted):
 		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, lease.ErrShuttingDown), errors.Is(err, lease.ErrUnavailable):
