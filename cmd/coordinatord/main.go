@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/coordinatord/coordinatord/internal/daemon"
+	"github.com/coordinatord/coordinatord/internal/embedetcd"
 )
 
 func main() {
@@ -124,6 +125,9 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs.StringVar(&passwordFile, "etcd-password-file", env("ETCD_PASSWORD_FILE", ""), "file holding the etcd user's password (env COORDINATORD_ETCD_PASSWORD_FILE)")
 	fs.StringVar(&cfg.KeyPrefix, "key-prefix", env("KEY_PREFIX", "/coordinatord/"), "etcd key prefix of every key written (env COORDINATORD_KEY_PREFIX)")
 	fs.StringVar(&cfg.DataDir, "data-dir", env("DATA_DIR", "coordinatord-data"), "data directory of the embedded etcd (env COORDINATORD_DATA_DIR)")
+	fs.StringVar(&cfg.EtcdAutoCompactionMode, "etcd-auto-compaction-mode", env("ETCD_AUTO_COMPACTION_MODE", embedetcd.DefaultCompactionMode), "embedded etcd only: periodic (retention is a duration) or revision (retention is a count of revisions) (env COORDINATORD_ETCD_AUTO_COMPACTION_MODE)")
+	fs.StringVar(&cfg.EtcdAutoCompactionRetention, "etcd-auto-compaction-retention", env("ETCD_AUTO_COMPACTION_RETENTION", embedetcd.DefaultRetention), "embedded etcd only: history kept; a Watch can resume from a revision this old (periodic: up to twice as old); 0: no compaction but under space pressure (env COORDINATORD_ETCD_AUTO_COMPACTION_RETENTION)")
+	fs.Int64Var(&cfg.EtcdQuotaBackendBytes, "etcd-quota-backend-bytes", int64(envInt("ETCD_QUOTA_BACKEND_BYTES", 0)), "embedded etcd only: store size at which writes are refused (RESOURCE_EXHAUSTED, reason STORE_FULL) until space is reclaimed; 0: 2 GiB (env COORDINATORD_ETCD_QUOTA_BACKEND_BYTES)")
 	fs.DurationVar(&cfg.DefaultTTL, "default-ttl", envDuration("DEFAULT_TTL", 15*time.Second), "lease TTL when a request asks for none (env COORDINATORD_DEFAULT_TTL)")
 	fs.DurationVar(&cfg.MaxTTL, "max-ttl", envDuration("MAX_TTL", 5*time.Minute), "largest lease TTL a request may ask for (env COORDINATORD_MAX_TTL)")
 	fs.DurationVar(&cfg.MaxHold, "max-hold", envDuration("MAX_HOLD", time.Hour), "longest a grant may be renewed; requests may ask for less (env COORDINATORD_MAX_HOLD)")
@@ -196,6 +200,10 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		return cfg, nil, errors.New("-max-recv-msg-size, -rate-limit, -rate-burst, -max-waiters-per-lock, -max-locks-per-identity, -max-wait and -keepalive-min-time must not be negative")
 	case cfg.AuthReloadInterval <= 0:
 		return cfg, nil, fmt.Errorf("-auth-reload-interval %v: must be positive", cfg.AuthReloadInterval)
+	case cfg.EtcdQuotaBackendBytes < 0:
+		return cfg, nil, fmt.Errorf("-etcd-quota-backend-bytes %d: must not be negative", cfg.EtcdQuotaBackendBytes)
+	case embedetcd.ValidateCompaction(cfg.EtcdAutoCompactionMode, cfg.EtcdAutoCompactionRetention) != nil:
+		return cfg, nil, fmt.Errorf("-etcd-auto-compaction-mode/-retention: %w", embedetcd.ValidateCompaction(cfg.EtcdAutoCompactionMode, cfg.EtcdAutoCompactionRetention))
 	case cfg.MaxHold <= 0:
 		return cfg, nil, fmt.Errorf("-max-hold %v: must be positive", cfg.MaxHold)
 	case cfg.MaxLockDelay < 0:

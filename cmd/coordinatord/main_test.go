@@ -270,6 +270,10 @@ func TestBadFlagsExitWithUsageError(t *testing.T) {
 		{"--max-concurrent-streams", "-1"},
 		{"--rate-limit", "-1"},
 		{"--max-wait", "-1s"},
+		{"--etcd-auto-compaction-mode", "hourly"},
+		{"--etcd-auto-compaction-retention", "soon"},
+		{"--etcd-auto-compaction-mode", "revision", "--etcd-auto-compaction-retention", "5m"},
+		{"--etcd-quota-backend-bytes", "-1"},
 	} {
 		out, err := exec.Command(binary, args...).CombinedOutput()
 		var ee *exec.ExitError
