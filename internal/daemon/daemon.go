@@ -169,6 +169,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("etcd at %v is not reachable: %w; check --etcd-endpoints and that the cluster has quorum", endpoints, err)
 	}
+	if len(cfg.EtcdEndpoints) > 0 {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		warnIfNeverCompacted(wctx, cli, probeKey, probe.Header.Revision, log)
+		cancel()
+	}
 
 	opts := []lease.Option{lease.WithKeyPrefix(cfg.KeyPrefix), lease.WithDefaultTTL(cfg.DefaultTTL),
 		lease.WithMaxTTL(cfg.MaxTTL), lease.WithLogger(log)}

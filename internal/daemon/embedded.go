@@ -56,3 +56,22 @@ func etcdProbe(cli *clientv3.Client, key string) func(context.Context) error {
 		return nil
 	}
 }
+
+// neverCompactedAfter is the revision past which an external etcd that
+// still has revision 1 is reported: its history (~776 B per acquire and
+// release) has never been compacted and is heading for the quota.
+const neverCompactedAfter = 1_000_000
+
+// warnIfNeverCompacted logs a warning when the external etcd at rev still
+// serves revision 1, which it does only if it never compacted: the flags it
+// needs are --auto-compaction-mode/--auto-compaction-retention. etcd does
+// not expose its configuration, so this is the one sign a client can read.
+func warnIfNeverCompacted(ctx context.Context, cli *clientv3.Client, key string, rev int64, log *slog.Logger) {
+	if rev < neverCompactedAfter {
+		return
+	}
+	if _, err := cli.Get(ctx, key, clientv3.WithRev(1), clientv3.WithCountOnly()); err == nil {
+		log.Warn("etcd has never compacted its history (revision 1 is still readable): it will fill its quota and refuse writes; "+
+			"run it with --auto-compaction-mode=periodic --auto-compaction-retention=5m (see deploy/README.md)", "revision", rev)
+	}
+}
