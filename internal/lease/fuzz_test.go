@@ -45,7 +45,7 @@ func FuzzNameKeys(f *testing.F) {
 		if n, ok := ks.nameOf(key); !ok || n != seg {
 			t.Fatalf("nameOf(%q) = %q, %v; want %q", key, n, ok, seg)
 		}
-		for _, k := range []string{ks.request(a, "0123456789abcdef"), ks.delay(a)} {
+		for _, k := range []string{ks.request("spiffe://x/id", a, "0123456789abcdef"), ks.delay(a)} {
 			if !strings.HasPrefix(k, ks.Prefix()) {
 				t.Fatalf("key %q outside prefix %q", k, ks.Prefix())
 			}

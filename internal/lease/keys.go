@@ -1,9 +1,7 @@
 package lease
 
 import (
-	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -146,28 +144,6 @@ func formatLease(id clientv3.LeaseID) string { return strconv.FormatInt(int64(id
 // delay is the lock-delay key of a lock: while it exists, nobody but the
 // grant that wrote it (its create revision is that grant's token) may hold.
 func (k Keyspace) delay(name string) string { return k.prefix + "delay/" + escape(name) }
-
-// request is the idempotency record of (name, request id). Only a hash of
-// the id is stored: the id is the secret from which the handle is derived.
-func (k Keyspace) request(name, requestID string) string {
-	sum := sha256.Sum256([]byte(requestID))
-	return k.prefix + "requests/" + escape(name) + "/" + hex.EncodeToString(sum[:])
-}
-
-func validateRequestID(id string) error {
-	if id == "" {
-		return nil
-	}
-	if len(id) < MinRequestIDLen || len(id) > MaxRequestIDLen {
-		return fieldErr("request_id", "is %d bytes long; use %d to %d bytes (a random UUID is ideal)", len(id), MinRequestIDLen, MaxRequestIDLen)
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; c < 0x21 || c > 0x7e {
-			return fieldErr("request_id", "must be printable ASCII without spaces; byte %d is 0x%02x", i, c)
-		}
-	}
-	return nil
-}
 
 // session is the key that marks a lease as a session's.
 func (k Keyspace) session(id clientv3.LeaseID) string {
