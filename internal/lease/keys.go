@@ -100,14 +100,24 @@ func ValidateName(field, name string, allowEmpty bool) error {
 	case !utf8.ValidString(name):
 		return fieldErr(field, "must be valid UTF-8")
 	}
-	for i, r := range name {
+	return noControlCharacters(field, name)
+}
+
+// noControlCharacters refuses U+0000..U+001F and U+007F, the characters
+// that forge rows or hide text when a value is printed in a terminal or a
+// log line.
+func noControlCharacters(field, s string) error {
+	for i, r := range s {
 		if r < 0x20 || r == 0x7f {
-			return fieldErr(field, "contains control character %U at byte %d", r, i)
+			return fieldErr(field, "contains control character %U at byte %d; use printable text", r, i)
 		}
 	}
 	return nil
 }
 
+// validateOwner checks an owner description (of a lock or a session): free
+// text, shown by Describe, List and coordctl, so it obeys the rules of
+// names, except that it may be empty.
 func validateOwner(owner string) error {
 	switch {
 	case len(owner) > MaxOwnerLen:
@@ -115,7 +125,7 @@ func validateOwner(owner string) error {
 	case !utf8.ValidString(owner):
 		return fieldErr("owner", "must be valid UTF-8")
 	}
-	return nil
+	return noControlCharacters("owner", owner)
 }
 
 // ValidateToken checks a fencing token argument.
