@@ -2,8 +2,10 @@ package server_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
 )
 
@@ -174,5 +177,30 @@ func TestRequestIDReusedWithOtherParameters(t *testing.T) {
 				t.Fatalf("the first grant is gone: %v", v)
 			}
 		})
+	}
+}
+
+// Finding 16: the proto said request_id is 1 to 128 bytes; the server
+// requires 16. The proto now states the server's rule, and the bounds hold.
+func TestRequestIDLengthRuleMatchesTheProto(t *testing.T) {
+	proto, err := os.ReadFile("../../api/coordinator/v1/lock.proto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Join(strings.Fields(strings.ReplaceAll(string(proto), "//", "")), " ")
+	rule := fmt.Sprintf("%d to %d bytes of printable ASCII", lease.MinRequestIDLen, lease.MaxRequestIDLen)
+	if !strings.Contains(text, rule) {
+		t.Fatalf("lock.proto does not state the request_id rule %q", rule)
+	}
+	e := newEnv(t)
+	for i, tc := range []struct {
+		n    int
+		want codes.Code
+	}{{lease.MinRequestIDLen - 1, codes.InvalidArgument}, {lease.MinRequestIDLen, codes.OK}, {lease.MaxRequestIDLen, codes.OK}, {lease.MaxRequestIDLen + 1, codes.InvalidArgument}} {
+		id := strings.Repeat("r", tc.n)
+		_, err := e.lc.Acquire(ctxT(t, 5*time.Second), &coordinatorv1.AcquireRequest{Name: "len/" + strconv.Itoa(i), RequestId: id})
+		if code(err) != tc.want || err != nil && fieldOf(err) != "request_id" {
+			t.Fatalf("request_id of %d bytes = %v (field %q), want %v", tc.n, err, fieldOf(err), tc.want)
+		}
 	}
 }
