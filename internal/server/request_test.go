@@ -89,10 +89,8 @@ func TestRequestIDIsBoundToTheCallersIdentity(t *testing.T) {
 	}
 	const waitID = "0123456789abcdef-wait"
 	waiting := make(chan error, 1)
-	var ag *coordinatorv1.AcquireResponse
 	go func() {
-		var err error
-		ag, err = a.Acquire(ctxT(t, 30*time.Second), &coordinatorv1.AcquireRequest{Name: "shared/queue", Ttl: dur(time.Minute), RequestId: waitID})
+		_, err := a.Acquire(ctxT(t, 30*time.Second), &coordinatorv1.AcquireRequest{Name: "shared/queue", Ttl: dur(time.Minute), RequestId: waitID})
 		waiting <- err
 	}()
 	eventually(t, 10*time.Second, "a waits", func() bool { return e.queueKeys("shared/queue") == 2 })
@@ -122,7 +120,6 @@ func TestRequestIDIsBoundToTheCallersIdentity(t *testing.T) {
 	if r, err := a.Acquire(ctx(), &coordinatorv1.AcquireRequest{Name: "shared/job", Ttl: dur(time.Minute), RequestId: rid, Wait: dur(0)}); code(err) != codes.Aborted {
 		t.Fatalf("a's retry after b took the id = %v, %v; want ABORTED", r, err)
 	}
-	_ = ag
 }
 
 // Finding 3: the same request_id with other grant parameters silently
