@@ -50,13 +50,16 @@ type acquireOptions struct {
 	identity      string // WithIdentity
 	ownedLimit    int64  // WithOwnedLimit
 	caller        string // WithCaller
+	given         given  // which grant parameters the caller set (for the request digest)
 }
 
 // AcquireOption configures one Acquire.
 type AcquireOption func(*acquireOptions)
 
 // WithTTL asks for a lease TTL; it is rounded up to a whole second.
-func WithTTL(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.ttl = d } }
+func WithTTL(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.ttl, o.given = d, o.given|givenTTL }
+}
 
 // WithWait bounds the wait in the queue; 0 means try once. Without it,
 // Acquire waits until ctx ends.
@@ -78,12 +81,16 @@ func WithRequestID(id string) AcquireOption { return func(o *acquireOptions) { o
 
 // WithMaxHold bounds renewals: KeepAlive past AcquiredAt+d fails with
 // ErrMaxHold. Without it the manager's cap applies.
-func WithMaxHold(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.maxHold = d } }
+func WithMaxHold(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.maxHold, o.given = d, o.given|givenMaxHold }
+}
 
 // WithLockDelay asks that, if this grant ends involuntarily (expiry or
 // force-release), the next grant of the lock waits d. A clean release never
 // delays.
-func WithLockDelay(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.lockDelay = d } }
+func WithLockDelay(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.lockDelay, o.given = d, o.given|givenLockDelay }
+}
 
 func (m *Manager) acquireOptions(name string, opts []AcquireOption) (acquireOptions, error) {
 	o := acquireOptions{ttl: m.defaultTTL, maxHold: m.maxHold}

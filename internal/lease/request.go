@@ -73,15 +73,31 @@ func newRequestRecord(id clientv3.LeaseID, o acquireOptions) requestRecord {
 	return requestRecord{Lease: strconv.FormatInt(int64(id), 16), Salt: salt, Params: paramsDigest(o)}
 }
 
-// paramsDigest is the SHA-256 of the parameters that shape a grant, after
-// defaults: the TTL (in the whole seconds a lease has), max hold, lock-delay
-// and owner. The wait is not one: a retry may well wait longer. The name and
-// caller are in the record's key.
+// given records which grant parameters the caller set: unset is a value of
+// its own in the request digest.
+type given uint8
+
+const (
+	givenTTL given = 1 << iota
+	givenMaxHold
+	givenLockDelay
+)
+
+// paramsDigest is the SHA-256 of the parameters that shape a grant, as the
+// caller gave them: the TTL, max hold, lock-delay and owner, each unset or
+// its value. The wait is not one: a retry may well wait longer. The name and
+// caller are in the record's key. As given, not after defaults: the answer
+// to a retry does not depend on which replica's defaults it meets.
 func paramsDigest(o acquireOptions) []byte {
 	h := sha256.New()
-	ttlSec := int64((o.ttl + time.Second - 1) / time.Second)
-	writeFields(h, "coordinatord/params/v1", strconv.FormatInt(ttlSec, 10),
-		strconv.FormatInt(int64(o.maxHold), 10), strconv.FormatInt(int64(o.lockDelay), 10), o.owner)
+	param := func(g given, d time.Duration) string {
+		if o.given&g == 0 {
+			return "unset"
+		}
+		return strconv.FormatInt(int64(d), 10)
+	}
+	writeFields(h, "coordinatord/params/v1", param(givenTTL, o.ttl), param(givenMaxHold, o.maxHold),
+		param(givenLockDelay, o.lockDelay), o.owner)
 	return h.Sum(nil)
 }
 

@@ -25,7 +25,7 @@ func TestRequestKeyAndHandleAreBoundToTheCaller(t *testing.T) {
 		t.Fatal("field boundaries are ambiguous")
 	}
 	lease := clientv3.LeaseID(0x1234)
-	o := acquireOptions{requestID: id, caller: "a", ttl: 10 * time.Second}
+	o := acquireOptions{requestID: id, caller: "a", ttl: 10 * time.Second, given: givenTTL}
 	rec := newRequestRecord(lease, o)
 	h1, _ := rec.handle(lease, o, "n")
 	if h2, _ := rec.handle(lease, o, "n"); h2 != h1 {
@@ -53,6 +53,11 @@ func TestRequestKeyAndHandleAreBoundToTheCaller(t *testing.T) {
 	longer.ttl = 11 * time.Second
 	if rec.checkRequest(longer) == nil {
 		t.Fatal("another ttl is accepted")
+	}
+	unset := o
+	unset.given = 0
+	if rec.checkRequest(unset) == nil {
+		t.Fatal("an unset ttl is taken for the one given")
 	}
 	// Round trip, and a value of an older version is not ours.
 	if got, ok := decodeRequestRecord([]byte(rec.encode()), int64(lease)); !ok || !bytes.Equal(got.Salt, rec.Salt) {

@@ -254,7 +254,8 @@ type AcquireRequest struct {
 	// grant (same token and handle) if it was granted and still lives, or
 	// takes the same queue position if it is still waiting; it never creates a
 	// second grant or waiter. The same request_id with other parameters (ttl,
-	// max_hold, lock_delay, owner; `wait` may differ) answers
+	// max_hold, lock_delay, owner, each compared as sent: unset differs from
+	// any value; `wait` may differ) answers
 	// FAILED_PRECONDITION (reason "REQUEST_ID_REUSED"), changing nothing: use
 	// a new request_id for a new request. The id is scoped to the caller's
 	// authenticated identity: another identity sending the same id makes its
