@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -50,13 +49,17 @@ type acquireOptions struct {
 	sessionHandle string
 	identity      string // WithIdentity
 	ownedLimit    int64  // WithOwnedLimit
+	caller        string // WithCaller
+	given         given  // which grant parameters the caller set (for the request digest)
 }
 
 // AcquireOption configures one Acquire.
 type AcquireOption func(*acquireOptions)
 
 // WithTTL asks for a lease TTL; it is rounded up to a whole second.
-func WithTTL(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.ttl = d } }
+func WithTTL(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.ttl, o.given = d, o.given|givenTTL }
+}
 
 // WithWait bounds the wait in the queue; 0 means try once. Without it,
 // Acquire waits until ctx ends.
@@ -67,20 +70,27 @@ func WithWait(d time.Duration) AcquireOption {
 // WithOwner describes the caller for Describe and List.
 func WithOwner(s string) AcquireOption { return func(o *acquireOptions) { o.owner = s } }
 
-// WithRequestID makes Acquire idempotent: a retry with the same id and name
-// returns the same grant (same token and handle) while it lives, or takes
-// the same queue position while it waits. The id must be unguessable: with
-// the name, it recovers the handle.
+// WithRequestID makes Acquire idempotent: a retry by the same caller
+// (WithCaller) with the same id, name and parameters returns the same grant
+// (same token and handle) while it lives, or takes the same queue position
+// while it waits; with other parameters it fails with ErrRequestIDReused,
+// writing nothing. Another caller's id is another key (request.go). The id
+// must be unguessable: with the caller's identity, it resumes the
+// acquisition.
 func WithRequestID(id string) AcquireOption { return func(o *acquireOptions) { o.requestID = id } }
 
 // WithMaxHold bounds renewals: KeepAlive past AcquiredAt+d fails with
 // ErrMaxHold. Without it the manager's cap applies.
-func WithMaxHold(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.maxHold = d } }
+func WithMaxHold(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.maxHold, o.given = d, o.given|givenMaxHold }
+}
 
 // WithLockDelay asks that, if this grant ends involuntarily (expiry or
 // force-release), the next grant of the lock waits d. A clean release never
 // delays.
-func WithLockDelay(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.lockDelay = d } }
+func WithLockDelay(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.lockDelay, o.given = d, o.given|givenLockDelay }
+}
 
 func (m *Manager) acquireOptions(name string, opts []AcquireOption) (acquireOptions, error) {
 	o := acquireOptions{ttl: m.defaultTTL, maxHold: m.maxHold}
@@ -157,7 +167,7 @@ func (m *Manager) Acquire(ctx context.Context, name string, opts ...AcquireOptio
 		return nil, err
 	}
 	if o.sessionHandle != "" {
-		if o.session, err = m.sessionOf(ctx, "session_handle", o.sessionHandle); err != nil {
+		if o.session, err = m.sessionOf(ctx, "session_handle", o.sessionHandle, o.caller); err != nil {
 			return nil, err
 		}
 		if o, err = m.acquireOptions(name, append(opts, func(ao *acquireOptions) { ao.session = o.session })); err != nil {
@@ -267,12 +277,16 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 		}
 		a.delay = dl.ID
 	}
-	var sum []byte
+	var (
+		sum []byte
+		req requestRecord
+	)
 	switch {
 	case o.session != nil:
 		a.handle, sum = o.session.handle, o.session.hash
 	case o.requestID != "":
-		a.handle, sum = derivedHandle(a.id, o.requestID, name)
+		req = newRequestRecord(a.id, o)
+		a.handle, sum = req.handle(a.id, o, name)
 	default:
 		a.handle, sum = newHandle(a.id)
 	}
@@ -283,7 +297,7 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 		a.rec.TTL = a.ttl
 	}
 	if o.requestID != "" {
-		a.rec.Req = m.ks.request(name, o.requestID)
+		a.rec.Req = m.ks.request(o.caller, name, o.requestID)
 	}
 	if o.identity != "" {
 		a.rec.Ident = identityHash(o.identity)
@@ -320,10 +334,10 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 	reqKey := ""
 	switch {
 	case o.requestID != "":
-		reqKey = m.ks.request(name, o.requestID)
+		reqKey = a.rec.Req
 		res = m.batch.do(ctx, name,
 			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(reqKey), "=", 0)},
-			[]clientv3.Op{clientv3.OpTxn(free, hold, queue), clientv3.OpPut(reqKey, strconv.FormatInt(int64(a.id), 16), clientv3.WithLease(a.id))},
+			[]clientv3.Op{clientv3.OpTxn(free, hold, queue), clientv3.OpPut(reqKey, req.encode(), clientv3.WithLease(a.id))},
 			nil)
 	case a.session:
 		resp, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.key), "=", 0)).
@@ -393,21 +407,24 @@ func (m *Manager) grantOf(a *attempt, refreshed time.Time, ttl time.Duration) *G
 		ExpiresAt: exp, SafeUntil: exp.Add(-SafetyMargin(ttl)), AcquiredAt: unixTime(a.rec.Acquired)}
 }
 
-// resume finds the live acquisition of (name, o.requestID), or returns nil.
+// resume finds the live acquisition of (caller, name, o.requestID), or
+// returns nil; ErrRequestIDReused if it was made with other parameters.
 func (m *Manager) resume(ctx, parent context.Context, name string, o acquireOptions) (*attempt, error) {
-	reqKey := m.ks.request(name, o.requestID)
-	r, err := m.cli.Get(ctx, reqKey)
+	r, err := m.cli.Get(ctx, m.ks.request(o.caller, name, o.requestID))
 	if err != nil {
 		return nil, m.etcdErr(parent, "read request record", err)
 	}
 	if len(r.Kvs) == 0 {
 		return nil, nil
 	}
-	v, err := strconv.ParseInt(string(r.Kvs[0].Value), 16, 64)
-	if err != nil || v != r.Kvs[0].Lease {
+	req, ok := decodeRequestRecord(r.Kvs[0].Value, r.Kvs[0].Lease)
+	if !ok {
 		return nil, nil // not ours to interpret; a fresh acquisition replaces it when its lease ends
 	}
-	id := clientv3.LeaseID(v)
+	if err := req.checkRequest(o); err != nil {
+		return nil, err
+	}
+	id := clientv3.LeaseID(r.Kvs[0].Lease)
 	a := &attempt{name: name, queue: m.ks.Queue(name), key: m.ks.key(name, id), id: id}
 	k, err := m.cli.Get(ctx, a.key)
 	if err != nil {
@@ -420,7 +437,7 @@ func (m *Manager) resume(ctx, parent context.Context, name string, o acquireOpti
 	a.rec = decodeRecord(k.Kvs[0].Value)
 	a.delay = clientv3.LeaseID(a.rec.DelayLease)
 	var sum []byte
-	a.handle, sum = derivedHandle(id, o.requestID, name)
+	a.handle, sum = req.handle(id, o, name)
 	if !sameHash(a.rec.HandleHash, sum) {
 		return nil, nil
 	}

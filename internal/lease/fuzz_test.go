@@ -45,7 +45,7 @@ func FuzzNameKeys(f *testing.F) {
 		if n, ok := ks.nameOf(key); !ok || n != seg {
 			t.Fatalf("nameOf(%q) = %q, %v; want %q", key, n, ok, seg)
 		}
-		for _, k := range []string{ks.request(a, "0123456789abcdef"), ks.delay(a)} {
+		for _, k := range []string{ks.request("spiffe://x/id", a, "0123456789abcdef"), ks.delay(a)} {
 			if !strings.HasPrefix(k, ks.Prefix()) {
 				t.Fatalf("key %q outside prefix %q", k, ks.Prefix())
 			}
@@ -102,6 +102,7 @@ func FuzzRequestFields(f *testing.F) {
 	f.Add("0123456789abcdef", "owner", int64(1))
 	f.Add("short", "\xff", int64(0))
 	f.Add("0123456789abcdef 0", strings.Repeat("o", MaxOwnerLen+1), int64(-5))
+	f.Add("0123456789abcdef\x1b", "me\nforged row", int64(2))
 	f.Fuzz(func(t *testing.T, rid, owner string, token int64) {
 		for field, err := range map[string]error{"request_id": validateRequestID(rid), "owner": validateOwner(owner), "token": ValidateToken(token)} {
 			var fe *FieldError
@@ -111,6 +112,9 @@ func FuzzRequestFields(f *testing.F) {
 		}
 		if validateRequestID(rid) == nil && rid != "" && (len(rid) < MinRequestIDLen || strings.ContainsAny(rid, " \n")) {
 			t.Fatalf("request id %q accepted", rid)
+		}
+		if validateOwner(owner) == nil && strings.ContainsFunc(owner, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+			t.Fatalf("owner %q with a control character accepted", owner)
 		}
 		if ValidateToken(token) == nil && token <= 0 {
 			t.Fatalf("token %d accepted", token)

@@ -22,8 +22,9 @@ type held struct {
 	refreshed time.Time
 }
 
-// lookup returns the grant (name, token, handle), or ErrNotHeld.
-func (m *Manager) lookup(ctx context.Context, name string, token int64, handle string) (*held, error) {
+// lookup returns the grant (name, token, handle), or ErrNotHeld; for a grant
+// held through a session, ErrSessionForbidden unless caller opened it.
+func (m *Manager) lookup(ctx context.Context, name string, token int64, handle, caller string) (*held, error) {
 	if err := ValidateName("name", name, false); err != nil {
 		return nil, err
 	}
@@ -47,7 +48,13 @@ func (m *Manager) lookup(ctx context.Context, name string, token int64, handle s
 	if kv.CreateRevision != token || clientv3.LeaseID(kv.Lease) != id || !sameHash(rec.HandleHash, sum) || rec.Acquired == 0 {
 		return nil, ErrNotHeld
 	}
-	return &held{name: name, key: key, id: id, token: token, modRev: kv.ModRevision, rec: rec, session: rec.Session}, nil
+	h := &held{name: name, key: key, id: id, token: token, modRev: kv.ModRevision, rec: rec, session: rec.Session}
+	if h.session {
+		if err := m.checkSessionOwner(ctx, h, caller); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
 }
 
 // cachedGrant returns the grant (name, token, handle) as this manager
@@ -80,9 +87,10 @@ type Renewal struct {
 
 // KeepAlive renews the grant's lease for a full TTL. ErrNotHeld if the grant
 // is gone or the token or handle does not match it; ErrMaxHold once the
-// grant reached its max hold (the lease is left to end).
-func (m *Manager) KeepAlive(ctx context.Context, name string, token int64, handle string) (*Renewal, error) {
-	h, err := m.lookup(ctx, name, token, handle)
+// grant reached its max hold (the lease is left to end);
+// ErrSessionForbidden if it is held through another identity's session.
+func (m *Manager) KeepAlive(ctx context.Context, name string, token int64, handle string, opts ...CallOption) (*Renewal, error) {
+	h, err := m.lookup(ctx, name, token, handle, callOptionsOf(opts).caller)
 	if err != nil {
 		return nil, err
 	}
@@ -108,16 +116,18 @@ func (m *Manager) KeepAlive(ctx context.Context, name string, token int64, handl
 
 // Release ends the grant and frees the lock at once (no lock-delay). It
 // reports false, changing nothing, when the grant already ended or the token
-// or handle does not match it.
-func (m *Manager) Release(ctx context.Context, name string, token int64, handle string) (bool, error) {
-	if h := m.cachedGrant(name, token, handle); h != nil {
+// or handle does not match it; ErrSessionForbidden if it is held through
+// another identity's session.
+func (m *Manager) Release(ctx context.Context, name string, token int64, handle string, opts ...CallOption) (bool, error) {
+	caller := callOptionsOf(opts).caller
+	if h := m.cachedGrant(name, token, handle); h != nil && !h.session {
 		ok, err := m.end(ctx, h, endReleased)
 		if ok || err != nil {
 			return ok, err
 		}
 		// Changed since: read it.
 	}
-	h, err := m.lookup(ctx, name, token, handle)
+	h, err := m.lookup(ctx, name, token, handle, caller)
 	if errors.Is(err, ErrNotHeld) {
 		return false, nil
 	}

@@ -54,11 +54,15 @@ func (r *randomBuffer) read(p []byte) {
 }
 
 // derivedHandle is the handle of an acquisition with a request id: its
-// secret is an HMAC keyed by the id, so a retry with the same id (on any
-// replica) can return the same handle while etcd stores only hashes.
-func derivedHandle(id clientv3.LeaseID, requestID, name string) (handle string, sum []byte) {
+// secret is an HMAC keyed by the id over the caller's identity, the name,
+// the lease and the request record's random salt, so a retry by the same
+// caller with the same id (on any replica) can return the same handle while
+// etcd stores only hashes. Another identity sending the id reads another
+// record (Keyspace.request) and derives another handle; and without the salt,
+// which only etcd holds, even the id does not yield the handle.
+func derivedHandle(id clientv3.LeaseID, requestID, caller, name string, salt []byte) (handle string, sum []byte) {
 	mac := hmac.New(sha256.New, []byte(requestID))
-	fmt.Fprintf(mac, "coordinatord/handle/v1\x00%s\x00%016x", name, uint64(id))
+	writeFields(mac, "coordinatord/handle/v2", caller, name, fmt.Sprintf("%016x", uint64(id)), string(salt))
 	return formatHandle(id, mac.Sum(nil)[:secretLen])
 }
 

@@ -1,9 +1,7 @@
 package lease
 
 import (
-	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -102,14 +100,24 @@ func ValidateName(field, name string, allowEmpty bool) error {
 	case !utf8.ValidString(name):
 		return fieldErr(field, "must be valid UTF-8")
 	}
-	for i, r := range name {
+	return noControlCharacters(field, name)
+}
+
+// noControlCharacters refuses U+0000..U+001F and U+007F, the characters
+// that forge rows or hide text when a value is printed in a terminal or a
+// log line.
+func noControlCharacters(field, s string) error {
+	for i, r := range s {
 		if r < 0x20 || r == 0x7f {
-			return fieldErr(field, "contains control character %U at byte %d", r, i)
+			return fieldErr(field, "contains control character %U at byte %d; use printable text", r, i)
 		}
 	}
 	return nil
 }
 
+// validateOwner checks an owner description (of a lock or a session): free
+// text, shown by Describe, List and coordctl, so it obeys the rules of
+// names, except that it may be empty.
 func validateOwner(owner string) error {
 	switch {
 	case len(owner) > MaxOwnerLen:
@@ -117,7 +125,7 @@ func validateOwner(owner string) error {
 	case !utf8.ValidString(owner):
 		return fieldErr("owner", "must be valid UTF-8")
 	}
-	return nil
+	return noControlCharacters("owner", owner)
 }
 
 // ValidateToken checks a fencing token argument.
@@ -146,28 +154,6 @@ func formatLease(id clientv3.LeaseID) string { return strconv.FormatInt(int64(id
 // delay is the lock-delay key of a lock: while it exists, nobody but the
 // grant that wrote it (its create revision is that grant's token) may hold.
 func (k Keyspace) delay(name string) string { return k.prefix + "delay/" + escape(name) }
-
-// request is the idempotency record of (name, request id). Only a hash of
-// the id is stored: the id is the secret from which the handle is derived.
-func (k Keyspace) request(name, requestID string) string {
-	sum := sha256.Sum256([]byte(requestID))
-	return k.prefix + "requests/" + escape(name) + "/" + hex.EncodeToString(sum[:])
-}
-
-func validateRequestID(id string) error {
-	if id == "" {
-		return nil
-	}
-	if len(id) < MinRequestIDLen || len(id) > MaxRequestIDLen {
-		return fieldErr("request_id", "is %d bytes long; use %d to %d bytes (a random UUID is ideal)", len(id), MinRequestIDLen, MaxRequestIDLen)
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; c < 0x21 || c > 0x7e {
-			return fieldErr("request_id", "must be printable ASCII without spaces; byte %d is 0x%02x", i, c)
-		}
-	}
-	return nil
-}
 
 // session is the key that marks a lease as a session's.
 func (k Keyspace) session(id clientv3.LeaseID) string {

@@ -33,6 +33,17 @@ type sessionRecord struct {
 	Owner      string `json:"owner,omitempty"`
 	HandleHash []byte `json:"hh"`
 	Since      int64  `json:"since"`
+	// Ident is the hash of the identity that opened the session (AsCaller),
+	// "" if unauthenticated: the session answers that identity only. A
+	// session opened by an older version records none, so under
+	// authentication it answers nobody: it ends with its lease.
+	Ident string `json:"ih,omitempty"`
+}
+
+func decodeSessionRecord(v []byte) sessionRecord {
+	var rec sessionRecord
+	_ = json.Unmarshal(v, &rec) // a foreign value reads as an empty record
+	return rec
 }
 
 // Session is an open session.
@@ -44,8 +55,10 @@ type Session struct {
 	SafeUntil time.Time
 }
 
-// OpenSession creates a session: one lease that many locks can share.
-func (m *Manager) OpenSession(ctx context.Context, ttl time.Duration, owner string) (*Session, error) {
+// OpenSession creates a session: one lease that many locks can share. It
+// belongs to the caller (AsCaller): its handle answers no other identity.
+func (m *Manager) OpenSession(ctx context.Context, ttl time.Duration, owner string, opts ...CallOption) (*Session, error) {
+	c := callOptionsOf(opts)
 	if ttl == 0 {
 		ttl = m.defaultTTL
 	}
@@ -64,7 +77,7 @@ func (m *Manager) OpenSession(ctx context.Context, ttl time.Duration, owner stri
 		return nil, m.etcdErr(ctx, "grant session lease", err)
 	}
 	handle, sum := newHandle(lr.ID)
-	v, _ := json.Marshal(sessionRecord{Owner: owner, HandleHash: sum, Since: start.UnixNano()})
+	v, _ := json.Marshal(sessionRecord{Owner: owner, HandleHash: sum, Since: start.UnixNano(), Ident: callerHash(c.caller)})
 	if _, err := m.cli.Put(ctx, m.ks.session(lr.ID), string(v), clientv3.WithLease(lr.ID)); err != nil {
 		m.withdraw(&attempt{id: lr.ID})
 		return nil, m.etcdErr(ctx, "write session", err)
@@ -74,8 +87,10 @@ func (m *Manager) OpenSession(ctx context.Context, ttl time.Duration, owner stri
 	return &Session{Handle: handle, LeaseID: int64(lr.ID), TTL: d, ExpiresAt: exp, SafeUntil: exp.Add(-SafetyMargin(d))}, nil
 }
 
-// session resolves a session handle.
-func (m *Manager) sessionOf(ctx context.Context, field, handle string) (*sessionRef, error) {
+// sessionOf resolves a session handle presented by caller: ErrSessionNotFound
+// if no live session has it, ErrSessionForbidden if another identity opened
+// the session.
+func (m *Manager) sessionOf(ctx context.Context, field, handle, caller string) (*sessionRef, error) {
 	id, sum, err := parseHandle(handle)
 	if err != nil {
 		return nil, fieldErr(field, "is malformed; pass the session handle exactly as OpenSession returned it")
@@ -87,10 +102,12 @@ func (m *Manager) sessionOf(ctx context.Context, field, handle string) (*session
 	if len(r.Kvs) == 0 || clientv3.LeaseID(r.Kvs[0].Lease) != id {
 		return nil, ErrSessionNotFound
 	}
-	var rec sessionRecord
-	_ = json.Unmarshal(r.Kvs[0].Value, &rec)
+	rec := decodeSessionRecord(r.Kvs[0].Value)
 	if !sameHash(rec.HandleHash, sum) {
 		return nil, ErrSessionNotFound
+	}
+	if rec.Ident != callerHash(caller) {
+		return nil, ErrSessionForbidden
 	}
 	t, err := m.cli.TimeToLive(ctx, id)
 	if err != nil {
@@ -133,9 +150,10 @@ func (m *Manager) sessionHolders(ctx context.Context, s *sessionRef) ([]Holder, 
 }
 
 // KeepAliveSession renews the session's lease, and so all its locks, and
-// lists the locks it holds.
-func (m *Manager) KeepAliveSession(ctx context.Context, handle string) (*Renewal, []Holder, error) {
-	s, err := m.sessionOf(ctx, "handle", handle)
+// lists the locks it holds (those in the caller's scope, InScope).
+func (m *Manager) KeepAliveSession(ctx context.Context, handle string, opts ...CallOption) (*Renewal, []Holder, error) {
+	c := callOptionsOf(opts)
+	s, err := m.sessionOf(ctx, "handle", handle, c.caller)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -151,6 +169,7 @@ func (m *Manager) KeepAliveSession(ctx context.Context, handle string) (*Renewal
 	if err != nil {
 		return nil, nil, err
 	}
+	hs, _ = c.scoped(hs, nil)
 	d := time.Duration(ttl) * time.Second
 	exp := start.Add(d)
 	if !m.now().Before(exp) {
@@ -159,10 +178,12 @@ func (m *Manager) KeepAliveSession(ctx context.Context, handle string) (*Renewal
 	return &Renewal{TTL: d, ExpiresAt: exp, SafeUntil: exp.Add(-SafetyMargin(d))}, hs, nil
 }
 
-// CloseSession releases every lock of the session (cleanly) and ends it.
-// It reports false if the session was already gone.
-func (m *Manager) CloseSession(ctx context.Context, handle string) (bool, []Holder, error) {
-	s, err := m.sessionOf(ctx, "handle", handle)
+// CloseSession releases every lock of the session in the caller's scope
+// (cleanly, InScope) and ends the session, and with it the rest of its
+// locks. It reports false if the session was already gone.
+func (m *Manager) CloseSession(ctx context.Context, handle string, opts ...CallOption) (bool, []Holder, error) {
+	c := callOptionsOf(opts)
+	s, err := m.sessionOf(ctx, "handle", handle, c.caller)
 	if errors.Is(err, ErrSessionNotFound) {
 		return false, nil, nil
 	}
@@ -173,6 +194,7 @@ func (m *Manager) CloseSession(ctx context.Context, handle string) (bool, []Hold
 	if err != nil {
 		return false, nil, err
 	}
+	hs, helds = c.scoped(hs, helds)
 	// End each grant as released (watchers see a release, not an expiry).
 	for _, h := range helds {
 		if _, err := m.end(ctx, h, endReleased); err != nil {

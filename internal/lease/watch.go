@@ -219,12 +219,14 @@ func holderOf(name string, kv *mvccpb.KeyValue) *Holder {
 }
 
 // Resume confirms a live grant for a new Hold stream and renews it.
-func (m *Manager) Resume(ctx context.Context, name string, token int64, handle string) (*Grant, error) {
-	h, err := m.lookup(ctx, name, token, handle)
+// ErrSessionForbidden if the grant is held through another identity's
+// session.
+func (m *Manager) Resume(ctx context.Context, name string, token int64, handle string, opts ...CallOption) (*Grant, error) {
+	h, err := m.lookup(ctx, name, token, handle, callOptionsOf(opts).caller)
 	if err != nil {
 		return nil, err
 	}
-	r, err := m.KeepAlive(ctx, name, token, handle)
+	r, err := m.KeepAlive(ctx, name, token, handle, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -23,8 +23,10 @@ var AdminOnly = map[string]bool{
 
 // AnyKnownIdentity are the methods every identity named in the policy may
 // call: sessions belong to no lock name (each Acquire through a session is
-// checked by its name, and only the session's secret handle renews or
-// closes it).
+// checked by its name). A session belongs to the identity that opened it:
+// its handle answers no other (PERMISSION_DENIED, checked by the lease
+// package), and what it lists or releases is limited to the caller's lock
+// prefixes (withLockScope).
 var AnyKnownIdentity = map[string]bool{
 	coordinatorv1.LockService_OpenSession_FullMethodName:      true,
 	coordinatorv1.LockService_KeepAliveSession_FullMethodName: true,
@@ -71,7 +73,7 @@ func AuthInterceptors(store *authz.Store) (grpc.UnaryServerInterceptor, grpc.Str
 		if err := authorize(store.Policy(), id, info.FullMethod, req); err != nil {
 			return nil, err
 		}
-		return h(authz.NewContext(ctx, id), req)
+		return h(withLockScope(authz.NewContext(ctx, id), store, id), req)
 	}
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		if exempt(info.FullMethod) {
@@ -84,7 +86,7 @@ func AuthInterceptors(store *authz.Store) (grpc.UnaryServerInterceptor, grpc.Str
 		if AdminOnly[info.FullMethod] && !store.Policy().IsAdmin(id) {
 			return denied(id, "may not call "+info.FullMethod+" (admins only)")
 		}
-		return h(srv, &authStream{ServerStream: ss, ctx: authz.NewContext(ss.Context(), id), id: id, method: info.FullMethod, store: store})
+		return h(srv, &authStream{ServerStream: ss, ctx: withLockScope(authz.NewContext(ss.Context(), id), store, id), id: id, method: info.FullMethod, store: store})
 	}
 	return unary, stream
 }

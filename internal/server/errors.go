@@ -44,6 +44,10 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, lease.ErrMaxHold), errors.Is(err, lease.ErrSessionBusy):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, lease.ErrRequestIDReused):
+		return withReason(codes.FailedPrecondition, err.Error(), "REQUEST_ID_REUSED", nil)
+	case errors.Is(err, lease.ErrSessionForbidden):
+		return withReason(codes.PermissionDenied, err.Error(), "SESSION_OF_ANOTHER_IDENTITY", nil)
 	case errors.Is(err, lease.ErrTooManyLocks):
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, lease.ErrStoreFull):

@@ -21,6 +21,7 @@ const releaseTimeout = 5 * time.Second
 func (s *LockService) Hold(stream coordinatorv1.LockService_HoldServer) error {
 	const method = "Hold"
 	ctx := stream.Context()
+	as := callOptions(ctx)
 	first, err := stream.Recv()
 	if err != nil {
 		return err
@@ -40,13 +41,14 @@ func (s *LockService) Hold(stream coordinatorv1.LockService_HoldServer) error {
 			return s.fail(ctx, method, err)
 		}
 		opts = append(opts, ownedOptions(ctx)...)
+		opts = append(opts, callerOptions(ctx)...)
 		if g, err = s.leases.Acquire(ctx, req.GetName(), opts...); err != nil {
 			return s.fail(ctx, method, err)
 		}
 		releaseOnDisconnect = k.Acquire.GetReleaseOnDisconnect()
 	case *coordinatorv1.HoldRequest_Resume:
 		r := k.Resume
-		if g, err = s.leases.Resume(ctx, r.GetName(), r.GetToken(), r.GetHandle()); err != nil {
+		if g, err = s.leases.Resume(ctx, r.GetName(), r.GetToken(), r.GetHandle(), as...); err != nil {
 			return s.fail(ctx, method, err)
 		}
 		releaseOnDisconnect = r.GetReleaseOnDisconnect()
@@ -54,7 +56,7 @@ func (s *LockService) Hold(stream coordinatorv1.LockService_HoldServer) error {
 		return s.fail(ctx, method, &lease.FieldError{Field: "kind", Reason: "the first message must be acquire or resume"})
 	}
 	if err := stream.Send(&coordinatorv1.HoldResponse{Event: &coordinatorv1.HoldResponse_Granted{Granted: grantPB(g)}}); err != nil {
-		s.disconnected(g, releaseOnDisconnect)
+		s.disconnected(g, releaseOnDisconnect, as)
 		return err
 	}
 
@@ -95,7 +97,7 @@ func (s *LockService) Hold(stream coordinatorv1.LockService_HoldServer) error {
 	for {
 		select {
 		case err := <-recvErr:
-			s.disconnected(g, releaseOnDisconnect)
+			s.disconnected(g, releaseOnDisconnect, as)
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
@@ -112,7 +114,7 @@ func (s *LockService) Hold(stream coordinatorv1.LockService_HoldServer) error {
 		case m := <-msgs:
 			switch m.GetKind().(type) {
 			case *coordinatorv1.HoldRequest_Heartbeat:
-				r, err := s.leases.KeepAlive(ctx, g.Name, g.Token, g.Handle)
+				r, err := s.leases.KeepAlive(ctx, g.Name, g.Token, g.Handle, as...)
 				switch {
 				case errors.Is(err, lease.ErrMaxHold):
 					return lost(coordinatorv1.HoldLost_REASON_MAX_HOLD, err.Error())
@@ -132,7 +134,7 @@ func (s *LockService) Hold(stream coordinatorv1.LockService_HoldServer) error {
 				}
 			case *coordinatorv1.HoldRequest_Release:
 				cancel() // our own release is not a loss
-				ok, err := s.leases.Release(ctx, g.Name, g.Token, g.Handle)
+				ok, err := s.leases.Release(ctx, g.Name, g.Token, g.Handle, as...)
 				if err != nil {
 					return s.fail(ctx, method, err)
 				}
@@ -144,14 +146,15 @@ func (s *LockService) Hold(stream coordinatorv1.LockService_HoldServer) error {
 	}
 }
 
-// disconnected releases the grant of a broken stream if the client asked.
-func (s *LockService) disconnected(g *lease.Grant, release bool) {
+// disconnected releases the grant of a broken stream if the client asked;
+// as names the stream's caller.
+func (s *LockService) disconnected(g *lease.Grant, release bool, as []lease.CallOption) {
 	if !release {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	if _, err := s.leases.Release(ctx, g.Name, g.Token, g.Handle); err != nil {
+	if _, err := s.leases.Release(ctx, g.Name, g.Token, g.Handle, as...); err != nil {
 		s.log.Warn("release_on_disconnect failed; the lease ends with its TTL", "name", g.Name, "token", g.Token, "err", err)
 	}
 }
@@ -205,7 +208,7 @@ func (s *LockService) OpenSession(ctx context.Context, req *coordinatorv1.OpenSe
 		}
 		d = *ttl
 	}
-	ss, err := s.leases.OpenSession(ctx, d, req.GetOwner())
+	ss, err := s.leases.OpenSession(ctx, d, req.GetOwner(), callOptions(ctx)...)
 	if err != nil {
 		return nil, s.fail(ctx, "OpenSession", err)
 	}
@@ -215,7 +218,7 @@ func (s *LockService) OpenSession(ctx context.Context, req *coordinatorv1.OpenSe
 
 // KeepAliveSession implements coordinatorv1.LockServiceServer.
 func (s *LockService) KeepAliveSession(ctx context.Context, req *coordinatorv1.KeepAliveSessionRequest) (*coordinatorv1.KeepAliveSessionResponse, error) {
-	r, hs, err := s.leases.KeepAliveSession(ctx, req.GetHandle())
+	r, hs, err := s.leases.KeepAliveSession(ctx, req.GetHandle(), callOptions(ctx)...)
 	if err != nil {
 		return nil, s.fail(ctx, "KeepAliveSession", err)
 	}
@@ -228,7 +231,7 @@ func (s *LockService) KeepAliveSession(ctx context.Context, req *coordinatorv1.K
 
 // CloseSession implements coordinatorv1.LockServiceServer.
 func (s *LockService) CloseSession(ctx context.Context, req *coordinatorv1.CloseSessionRequest) (*coordinatorv1.CloseSessionResponse, error) {
-	ok, hs, err := s.leases.CloseSession(ctx, req.GetHandle())
+	ok, hs, err := s.leases.CloseSession(ctx, req.GetHandle(), callOptions(ctx)...)
 	if err != nil {
 		return nil, s.fail(ctx, "CloseSession", err)
 	}

@@ -63,6 +63,7 @@ func (s *LockService) Acquire(ctx context.Context, req *coordinatorv1.AcquireReq
 		return nil, s.fail(ctx, method, err)
 	}
 	opts = append(opts, ownedOptions(ctx)...)
+	opts = append(opts, callerOptions(ctx)...)
 	g, err := s.leases.Acquire(ctx, req.GetName(), opts...)
 	if err != nil {
 		return nil, s.fail(ctx, method, err)
@@ -115,7 +116,7 @@ func grantPB(g *lease.Grant) *coordinatorv1.AcquireResponse {
 
 // Release implements coordinatorv1.LockServiceServer.
 func (s *LockService) Release(ctx context.Context, req *coordinatorv1.ReleaseRequest) (*coordinatorv1.ReleaseResponse, error) {
-	ok, err := s.leases.Release(ctx, req.GetName(), req.GetToken(), req.GetHandle())
+	ok, err := s.leases.Release(ctx, req.GetName(), req.GetToken(), req.GetHandle(), callOptions(ctx)...)
 	if err != nil {
 		return nil, s.fail(ctx, "Release", err)
 	}
@@ -124,7 +125,7 @@ func (s *LockService) Release(ctx context.Context, req *coordinatorv1.ReleaseReq
 
 // KeepAlive implements coordinatorv1.LockServiceServer.
 func (s *LockService) KeepAlive(ctx context.Context, req *coordinatorv1.KeepAliveRequest) (*coordinatorv1.KeepAliveResponse, error) {
-	r, err := s.leases.KeepAlive(ctx, req.GetName(), req.GetToken(), req.GetHandle())
+	r, err := s.leases.KeepAlive(ctx, req.GetName(), req.GetToken(), req.GetHandle(), callOptions(ctx)...)
 	if err != nil {
 		return nil, s.fail(ctx, "KeepAlive", err)
 	}

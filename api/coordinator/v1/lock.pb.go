@@ -242,16 +242,25 @@ type AcquireRequest struct {
 	// deadline comes first it is DEADLINE_EXCEEDED.
 	Wait *durationpb.Duration `protobuf:"bytes,3,opt,name=wait,proto3" json:"wait,omitempty"`
 	// Free-form description of the caller (host, pod, job id), shown by
-	// Describe and List. Optional; at most 256 bytes of valid UTF-8. Not an
+	// Describe and List. Optional; at most 256 bytes of valid UTF-8 without
+	// control characters (U+0000..U+001F, U+007F), as for names. Not an
 	// identity: it proves nothing.
 	Owner string `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
 	// Idempotency key for retries after an ambiguous outcome (timeout,
-	// dropped connection, UNAVAILABLE), on any replica. Optional; 1 to 128
-	// bytes of printable ASCII; generate one per logical acquisition (e.g. a
-	// UUID). A retry with the same request_id and name returns the same grant
-	// (same token and handle) if it was granted and still lives, or takes the
-	// same queue position if it is still waiting; it never creates a second
-	// grant or waiter. The record lives no longer than the acquisition's lease.
+	// dropped connection, UNAVAILABLE), on any replica. Optional; 16 to 128
+	// bytes of printable ASCII without spaces (0x21..0x7E); generate one per
+	// logical acquisition (e.g. a random UUID, 36 bytes). A retry by the same
+	// identity with the same request_id, name and parameters returns the same
+	// grant (same token and handle) if it was granted and still lives, or
+	// takes the same queue position if it is still waiting; it never creates a
+	// second grant or waiter. The same request_id with other parameters (ttl,
+	// max_hold, lock_delay, owner, each compared as sent: unset differs from
+	// any value; `wait` may differ) answers
+	// FAILED_PRECONDITION (reason "REQUEST_ID_REUSED"), changing nothing: use
+	// a new request_id for a new request. The id is scoped to the caller's
+	// authenticated identity: another identity sending the same id makes its
+	// own acquisition and never obtains this one. The record lives no longer
+	// than the acquisition's lease.
 	RequestId string `protobuf:"bytes,5,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// Bounded renewal: KeepAlive (and heartbeats on a Hold stream) past
 	// acquired_at + max_hold are refused with FAILED_PRECONDITION and the lease
@@ -269,7 +278,8 @@ type AcquireRequest struct {
 	// every lock of the session, and losing or closing the session ends them
 	// all. `ttl` and `request_id` must be unset then. The grant's handle is
 	// the session handle. A session holds or waits for a lock at most once:
-	// a second Acquire of the same name answers FAILED_PRECONDITION.
+	// a second Acquire of the same name answers FAILED_PRECONDITION. Another
+	// identity's session answers PERMISSION_DENIED.
 	SessionHandle string `protobuf:"bytes,8,opt,name=session_handle,json=sessionHandle,proto3" json:"session_handle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2143,7 +2153,8 @@ type KeepAliveSessionResponse struct {
 	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	// See AcquireResponse.safe_until.
 	SafeUntil *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=safe_until,json=safeUntil,proto3" json:"safe_until,omitempty"`
-	// The locks held through the session now (granted, not waiting).
+	// The locks held through the session now (granted, not waiting) whose
+	// names the caller's lock prefixes cover under the current policy.
 	Holders       []*Holder `protobuf:"bytes,4,rep,name=holders,proto3" json:"holders,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2258,7 +2269,10 @@ type CloseSessionResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// True if the session was live and this call ended it.
 	Closed bool `protobuf:"varint,1,opt,name=closed,proto3" json:"closed,omitempty"`
-	// The locks that were held through the session and are now released.
+	// The locks that were held through the session and are now released:
+	// those the caller's lock prefixes cover under the current policy. Any
+	// other lock of the session (taken under an older policy) is not released
+	// by name; it ends with the session, as an expiry.
 	Released      []*Holder `protobuf:"bytes,2,rep,name=released,proto3" json:"released,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

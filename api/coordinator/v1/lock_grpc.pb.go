@@ -60,12 +60,15 @@ const (
 //   - DEADLINE_EXCEEDED / CANCELLED: the caller's own deadline or cancellation.
 //   - NOT_FOUND: KeepAlive on a grant that no longer lives (or a wrong handle).
 //   - FAILED_PRECONDITION: renewal past max_hold; a session acquiring a lock
-//     it already holds or waits for.
+//     it already holds or waits for; a request_id reused with other
+//     parameters (ErrorInfo reason "REQUEST_ID_REUSED").
 //   - OUT_OF_RANGE: Watch from a compacted start_revision.
 //   - UNAUTHENTICATED: no verified client certificate or bearer token, when
 //     the server requires one.
 //   - PERMISSION_DENIED: the caller's identity may not use this lock name,
-//     prefix or resource, or call an admin-only method (ForceRelease).
+//     prefix or resource, or call an admin-only method (ForceRelease), or
+//     presented the handle of a session another identity opened (ErrorInfo
+//     reason "SESSION_OF_ANOTHER_IDENTITY").
 //   - RESOURCE_EXHAUSTED: a server limit (waiters per lock, message size,
 //     request rate).
 //   - UNAVAILABLE: etcd unreachable, no quorum, or the replica is shutting
@@ -125,7 +128,9 @@ type LockServiceClient interface {
 	// current holder's.
 	ForceRelease(ctx context.Context, in *ForceReleaseRequest, opts ...grpc.CallOption) (*ForceReleaseResponse, error)
 	// OpenSession creates a session: one lease that many locks share (see
-	// AcquireRequest.session_handle), renewed by KeepAliveSession.
+	// AcquireRequest.session_handle), renewed by KeepAliveSession. A session
+	// belongs to the identity that opened it: its handle, in any call, answers
+	// any other identity PERMISSION_DENIED and changes nothing.
 	OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionResponse, error)
 	// KeepAliveSession renews a session's lease and so every lock held
 	// through it. NOT_FOUND once the session is gone.
@@ -298,12 +303,15 @@ func (c *lockServiceClient) List(ctx context.Context, in *ListRequest, opts ...g
 //   - DEADLINE_EXCEEDED / CANCELLED: the caller's own deadline or cancellation.
 //   - NOT_FOUND: KeepAlive on a grant that no longer lives (or a wrong handle).
 //   - FAILED_PRECONDITION: renewal past max_hold; a session acquiring a lock
-//     it already holds or waits for.
+//     it already holds or waits for; a request_id reused with other
+//     parameters (ErrorInfo reason "REQUEST_ID_REUSED").
 //   - OUT_OF_RANGE: Watch from a compacted start_revision.
 //   - UNAUTHENTICATED: no verified client certificate or bearer token, when
 //     the server requires one.
 //   - PERMISSION_DENIED: the caller's identity may not use this lock name,
-//     prefix or resource, or call an admin-only method (ForceRelease).
+//     prefix or resource, or call an admin-only method (ForceRelease), or
+//     presented the handle of a session another identity opened (ErrorInfo
+//     reason "SESSION_OF_ANOTHER_IDENTITY").
 //   - RESOURCE_EXHAUSTED: a server limit (waiters per lock, message size,
 //     request rate).
 //   - UNAVAILABLE: etcd unreachable, no quorum, or the replica is shutting
@@ -363,7 +371,9 @@ type LockServiceServer interface {
 	// current holder's.
 	ForceRelease(context.Context, *ForceReleaseRequest) (*ForceReleaseResponse, error)
 	// OpenSession creates a session: one lease that many locks share (see
-	// AcquireRequest.session_handle), renewed by KeepAliveSession.
+	// AcquireRequest.session_handle), renewed by KeepAliveSession. A session
+	// belongs to the identity that opened it: its handle, in any call, answers
+	// any other identity PERMISSION_DENIED and changes nothing.
 	OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionResponse, error)
 	// KeepAliveSession renews a session's lease and so every lock held
 	// through it. NOT_FOUND once the session is gone.
