@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -346,25 +347,9 @@ func cmdList(e *env, args []string) int {
 		return code
 	}
 	defer conn.Close()
-	lc := coordinatorv1.NewLockServiceClient(conn)
-	holders := []*holder{}
-	page := ""
-	for {
-		var resp *coordinatorv1.ListResponse
-		err := e.call(context.Background(), 0, func(ctx context.Context) error {
-			var err error
-			resp, err = lc.List(ctx, &coordinatorv1.ListRequest{Prefix: prefix, PageSize: 1000, PageToken: page})
-			return err
-		})
-		if err != nil {
-			return e.fail(err)
-		}
-		for _, h := range resp.GetHolders() {
-			holders = append(holders, toHolder(h))
-		}
-		if page = resp.GetNextPageToken(); page == "" {
-			break
-		}
+	holders, err := e.listHolders(conn, prefix)
+	if err != nil {
+		return e.fail(err)
 	}
 	if e.output == "json" {
 		e.printJSON(struct {
@@ -378,6 +363,31 @@ func cmdList(e *env, args []string) int {
 	}
 	e.table(rows...)
 	return exitOK
+}
+
+// listHolders returns the held locks whose names start with prefix, every
+// page of them.
+func (e *env) listHolders(conn grpc.ClientConnInterface, prefix string) ([]*holder, error) {
+	lc := coordinatorv1.NewLockServiceClient(conn)
+	holders := []*holder{}
+	page := ""
+	for {
+		var resp *coordinatorv1.ListResponse
+		err := e.call(context.Background(), 0, func(ctx context.Context) error {
+			var err error
+			resp, err = lc.List(ctx, &coordinatorv1.ListRequest{Prefix: prefix, PageSize: 1000, PageToken: page})
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range resp.GetHolders() {
+			holders = append(holders, toHolder(h))
+		}
+		if page = resp.GetNextPageToken(); page == "" {
+			return holders, nil
+		}
+	}
 }
 
 func cmdWatch(e *env, args []string) int {
@@ -431,7 +441,7 @@ func cmdWatch(e *env, args []string) int {
 		if h != nil {
 			token, owner = strconv.FormatInt(h.Token, 10), dash(h.Owner)
 		}
-		fmt.Fprintf(e.stdout, "%-10d  %-15s  %-10s  %s\n", ev.GetRevision(), kind, token, owner)
+		fmt.Fprintf(e.stdout, "%-10d  %-15s  %-10s  %s\n", ev.GetRevision(), field(kind), token, field(owner))
 	}
 	return exitOK
 }

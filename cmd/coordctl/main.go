@@ -165,6 +165,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	case "completion":
 		return cmdCompletion(e, rest)
+	case "__names": // the completion script's source of lock names
+		e.name = "coordctl __names"
+		return cmdNames(e, rest)
 	}
 	f := commands[cmd]
 	if f == nil {
@@ -241,7 +244,7 @@ func (e *env) fail(err error) int {
 	if st, ok := status.FromError(err); ok {
 		msg = fmt.Sprintf("%s: %s", codeName(st.Code()), st.Message())
 	}
-	fmt.Fprintf(e.stderr, "%s: %s\n", e.name, msg)
+	fmt.Fprintf(e.stderr, "%s: %s\n", e.name, field(msg)) // the server's words, shown as text
 	return exitCode(err)
 }
 
