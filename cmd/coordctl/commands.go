@@ -172,12 +172,7 @@ func (e *env) printReleased(name string, token int64, released bool) int {
 }
 
 func cmdRelease(e *env, args []string) int {
-	fs := e.flagSet(e.name)
-	pos, code := e.parse(fs, args, 3, 3, "NAME TOKEN HANDLE")
-	if code >= 0 {
-		return code
-	}
-	token, code := parseToken(e, pos[1])
+	name, token, handle, code := e.grantArgs(args)
 	if code >= 0 {
 		return code
 	}
@@ -190,22 +185,17 @@ func cmdRelease(e *env, args []string) int {
 	lc := coordinatorv1.NewLockServiceClient(conn)
 	err := e.call(context.Background(), 0, func(ctx context.Context) error {
 		var err error
-		resp, err = lc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: pos[0], Token: token, Handle: pos[2]})
+		resp, err = lc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: name, Token: token, Handle: handle})
 		return err
 	})
 	if err != nil {
 		return e.fail(err)
 	}
-	return e.printReleased(pos[0], token, resp.GetReleased())
+	return e.printReleased(name, token, resp.GetReleased())
 }
 
 func cmdKeepAlive(e *env, args []string) int {
-	fs := e.flagSet(e.name)
-	pos, code := e.parse(fs, args, 3, 3, "NAME TOKEN HANDLE")
-	if code >= 0 {
-		return code
-	}
-	token, code := parseToken(e, pos[1])
+	name, token, handle, code := e.grantArgs(args)
 	if code >= 0 {
 		return code
 	}
@@ -218,18 +208,18 @@ func cmdKeepAlive(e *env, args []string) int {
 	lc := coordinatorv1.NewLockServiceClient(conn)
 	err := e.call(context.Background(), 0, func(ctx context.Context) error {
 		var err error
-		resp, err = lc.KeepAlive(ctx, &coordinatorv1.KeepAliveRequest{Name: pos[0], Token: token, Handle: pos[2]})
+		resp, err = lc.KeepAlive(ctx, &coordinatorv1.KeepAliveRequest{Name: name, Token: token, Handle: handle})
 		return err
 	})
 	if err != nil {
 		return e.fail(err)
 	}
-	g := grant{Name: pos[0], Token: token, TTL: resp.GetTtl().AsDuration().String(), ExpiresAt: ts(resp.GetExpiresAt()), SafeUntil: ts(resp.GetSafeUntil())}
+	g := grant{Name: name, Token: token, TTL: resp.GetTtl().AsDuration().String(), ExpiresAt: ts(resp.GetExpiresAt()), SafeUntil: ts(resp.GetSafeUntil())}
 	if e.output == "json" {
 		e.printJSON(g)
 	} else {
 		e.table([]string{"NAME", "TOKEN", "TTL", "EXPIRES_AT", "SAFE_UNTIL"},
-			[]string{g.Name, pos[1], g.TTL, cell(g.ExpiresAt), cell(g.SafeUntil)})
+			[]string{g.Name, strconv.FormatInt(token, 10), g.TTL, cell(g.ExpiresAt), cell(g.SafeUntil)})
 	}
 	return exitOK
 }
