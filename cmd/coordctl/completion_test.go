@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -141,5 +142,41 @@ func TestCompletionOfNamesNoCoordinatorAccepts(t *testing.T) {
 	wantNothingRan(t, dir)
 	if got, want := sorted(run[0]), sorted(names[:3]); !slices.Equal(got, want) { // a NUL cannot be in a command line: left out
 		t.Errorf("the offered words %q run as %q, want %q", offered[0], got, want)
+	}
+}
+
+// TestCompletionAtARealTAB types into an interactive bash on a terminal
+// (util-linux script makes the pty): "coordctl describe tab/N", TAB, then
+// Home, a printf prefix and Enter, so the line readline completed runs and
+// prints its words. Nothing runs but printf, and the completed word is the
+// name.
+func TestCompletionAtARealTAB(t *testing.T) {
+	if out, err := exec.Command("script", "--version").CombinedOutput(); err != nil || !strings.Contains(string(out), "util-linux") {
+		t.Skip("needs util-linux script(1) for a terminal")
+	}
+	names := []string{"tab/0x$(touch${IFS}pwned)", "tab/1`touch${IFS}pwned2`", "tab/2sp ace", "tab/3q'uo\"te", "tab/4;touch pwned3"}
+	var input strings.Builder
+	input.WriteString("source <(coordctl completion bash)\n")
+	for i, n := range names {
+		g := acquire(t, n, "--ttl", "60s")
+		t.Cleanup(func() { must(t, 0, "release", n, g.token, g.handle) })
+		fmt.Fprintf(&input, "coordctl describe tab/%d\t\x01printf '[%%s]\\n' \n", i)
+	}
+	input.WriteString("exit\n")
+	dir := t.TempDir()
+	sh := exec.Command("script", "-q", "-c", "bash --noprofile --norc -i", "/dev/null")
+	sh.Dir = dir
+	sh.Env = append(os.Environ(), "PATH="+filepath.Dir(coordctl)+":"+os.Getenv("PATH"), "COORDCTL_ADDR="+addr, "TERM=dumb", "HISTFILE=")
+	sh.Stdin = strings.NewReader(input.String())
+	out, err := sh.CombinedOutput()
+	if err != nil {
+		t.Fatalf("script: %v\n%s", err, out)
+	}
+	wantNothingRan(t, dir)
+	screen := strings.ReplaceAll(string(out), "\r", "")
+	for _, n := range names {
+		if !strings.Contains(screen, "\n[coordctl]\n[describe]\n["+n+"]\n") {
+			t.Errorf("TAB did not complete the name %q to itself; the terminal shows:\n%s", n, screen)
+		}
 	}
 }
