@@ -124,8 +124,8 @@ var commands = map[string]func(*env, []string) int{
 // examples are shown by each command's -help.
 var examples = map[string]string{
 	"acquire":       "  coordctl acquire reports/nightly --ttl 30s --owner host-a\n  coordctl -o json acquire reports/nightly --wait 0s\n",
-	"release":       "  COORDCTL_HANDLE=$HANDLE coordctl release reports/nightly 2\n  coordctl release reports/nightly 2 --handle-file nightly.handle\n  printf '%s' \"$HANDLE\" | coordctl release reports/nightly 2 --handle-file -\n",
-	"keepalive":     "  COORDCTL_HANDLE=$HANDLE coordctl keepalive reports/nightly 2\n  coordctl keepalive reports/nightly 2 --handle-file nightly.handle\n",
+	"release":       "  coordctl release reports/nightly 2 --handle-file nightly.handle\n  COORDCTL_HANDLE=$HANDLE coordctl release reports/nightly 2\n  printf '%s' \"$HANDLE\" | coordctl release reports/nightly 2 --handle-file -\n",
+	"keepalive":     "  coordctl keepalive reports/nightly 2 --handle-file nightly.handle\n  COORDCTL_HANDLE=$HANDLE coordctl keepalive reports/nightly 2\n",
 	"validate":      "  coordctl validate reports/nightly 2\n  coordctl -o json validate reports/nightly 2 --resource s3/reports\n",
 	"describe":      "  coordctl describe reports/nightly\n",
 	"list":          "  coordctl list\n  coordctl -o json list reports/\n",
