@@ -59,11 +59,21 @@ _coordctl() {
         acquire|release|keepalive|validate|describe|watch|force-release|exec|list)
             # Lock names currently held, from the coordinator (quietly; 2s at most).
             # Data, never code: read NUL-separated, matched as strings, offered %q-quoted.
-            local n q prefix=""
-            if [[ "$cur" =~ ^[A-Za-z0-9/._-]*$ ]]; then prefix="$cur"; fi
+            # COMP_WORDS cuts a word at : = @ (COMP_WORDBREAKS), and readline then
+            # replaces only the text after the last : or =, or from the last @ on:
+            # match on the word glued back together, offer what readline replaces.
+            local n q word="$cur" piece="$cur" prefix="" line="${COMP_LINE:0:COMP_POINT}"
+            if [[ "$cur" =~ ^[:=]+$ ]]; then piece=""; fi
+            for ((i = COMP_CWORD; i > 1; i--)); do
+                [[ "${COMP_WORDS[i]}" =~ ^[:=@]+$ || "${COMP_WORDS[i-1]}" =~ ^[:=@]+$ ]] || break
+                [[ "$line" == *"${COMP_WORDS[i-1]}$word" ]] || break
+                word="${COMP_WORDS[i-1]}$word"
+            done
+            local cut="${word:0:${#word}-${#piece}}"
+            if [[ "$word" =~ ^[A-Za-z0-9/._:=@-]*$ ]]; then prefix="$word"; fi
             while IFS= read -r -d '' n; do
                 printf -v q '%q' "$n"
-                if [[ "$n" == "$cur"* || "$q" == "$cur"* ]]; then COMPREPLY+=("$q"); fi
+                if [[ "$n" == "$word"* || "$q" == "$word"* ]] && [[ "$q" == "$cut"* ]]; then COMPREPLY+=("${q#"$cut"}"); fi
             done < <(coordctl --timeout 2s __names "$prefix" 2>/dev/null) ;;
     esac
 }

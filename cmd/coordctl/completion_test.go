@@ -146,21 +146,31 @@ func TestCompletionOfNamesNoCoordinatorAccepts(t *testing.T) {
 }
 
 // TestCompletionAtARealTAB types into an interactive bash on a terminal
-// (util-linux script makes the pty): "coordctl describe tab/N", TAB, then
-// Home, a printf prefix and Enter, so the line readline completed runs and
-// prints its words. Nothing runs but printf, and the completed word is the
-// name.
+// (util-linux script makes the pty): "coordctl describe " and the start of
+// a name, TAB, then Home, a printf prefix and Enter, so the line readline
+// completed runs and prints its words. Nothing runs but printf, and the
+// completed word is the name, also past the : = @ where COMP_WORDBREAKS
+// cuts words.
 func TestCompletionAtARealTAB(t *testing.T) {
 	if out, err := exec.Command("script", "--version").CombinedOutput(); err != nil || !strings.Contains(string(out), "util-linux") {
 		t.Skip("needs util-linux script(1) for a terminal")
 	}
-	names := []string{"tab/0x$(touch${IFS}pwned)", "tab/1`touch${IFS}pwned2`", "tab/2sp ace", "tab/3q'uo\"te", "tab/4;touch pwned3"}
+	cases := []struct{ name, typed string }{
+		{"tab/0x$(touch${IFS}pwned)", "tab/0"},
+		{"tab/1`touch${IFS}pwned2`", "tab/1"},
+		{"tab/2sp ace", "tab/2sp\\ "},
+		{"tab/3q'uo\"te", "tab/3"},
+		{"tab/4;touch pwned3", "tab/4\\;"},
+		{"tab/5a:b=c@d", "tab/5a:"},
+		{"tab/6a:b=c@d", "tab/6a:b="},
+		{"tab/7a@b", "tab/7a@"},
+	}
 	var input strings.Builder
 	input.WriteString("source <(coordctl completion bash)\n")
-	for i, n := range names {
-		g := acquire(t, n, "--ttl", "60s")
-		t.Cleanup(func() { must(t, 0, "release", n, g.token, g.handle) })
-		fmt.Fprintf(&input, "coordctl describe tab/%d\t\x01printf '[%%s]\\n' \n", i)
+	for _, c := range cases {
+		g := acquire(t, c.name, "--ttl", "60s")
+		t.Cleanup(func() { must(t, 0, "release", c.name, g.token, g.handle) })
+		fmt.Fprintf(&input, "coordctl describe %s\t\x01printf '[%%s]\\n' \n", c.typed)
 	}
 	input.WriteString("exit\n")
 	dir := t.TempDir()
@@ -174,9 +184,9 @@ func TestCompletionAtARealTAB(t *testing.T) {
 	}
 	wantNothingRan(t, dir)
 	screen := strings.ReplaceAll(string(out), "\r", "")
-	for _, n := range names {
-		if !strings.Contains(screen, "\n[coordctl]\n[describe]\n["+n+"]\n") {
-			t.Errorf("TAB did not complete the name %q to itself; the terminal shows:\n%s", n, screen)
+	for _, c := range cases {
+		if !strings.Contains(screen, "\n[coordctl]\n[describe]\n["+c.name+"]\n") {
+			t.Errorf("%s TAB did not complete to the name %q; the terminal shows:\n%s", c.typed, c.name, screen)
 		}
 	}
 }
