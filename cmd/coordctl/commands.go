@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -171,12 +172,7 @@ func (e *env) printReleased(name string, token int64, released bool) int {
 }
 
 func cmdRelease(e *env, args []string) int {
-	fs := e.flagSet(e.name)
-	pos, code := e.parse(fs, args, 3, 3, "NAME TOKEN HANDLE")
-	if code >= 0 {
-		return code
-	}
-	token, code := parseToken(e, pos[1])
+	name, token, handle, code := e.grantArgs(args)
 	if code >= 0 {
 		return code
 	}
@@ -189,22 +185,17 @@ func cmdRelease(e *env, args []string) int {
 	lc := coordinatorv1.NewLockServiceClient(conn)
 	err := e.call(context.Background(), 0, func(ctx context.Context) error {
 		var err error
-		resp, err = lc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: pos[0], Token: token, Handle: pos[2]})
+		resp, err = lc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: name, Token: token, Handle: handle})
 		return err
 	})
 	if err != nil {
 		return e.fail(err)
 	}
-	return e.printReleased(pos[0], token, resp.GetReleased())
+	return e.printReleased(name, token, resp.GetReleased())
 }
 
 func cmdKeepAlive(e *env, args []string) int {
-	fs := e.flagSet(e.name)
-	pos, code := e.parse(fs, args, 3, 3, "NAME TOKEN HANDLE")
-	if code >= 0 {
-		return code
-	}
-	token, code := parseToken(e, pos[1])
+	name, token, handle, code := e.grantArgs(args)
 	if code >= 0 {
 		return code
 	}
@@ -217,18 +208,18 @@ func cmdKeepAlive(e *env, args []string) int {
 	lc := coordinatorv1.NewLockServiceClient(conn)
 	err := e.call(context.Background(), 0, func(ctx context.Context) error {
 		var err error
-		resp, err = lc.KeepAlive(ctx, &coordinatorv1.KeepAliveRequest{Name: pos[0], Token: token, Handle: pos[2]})
+		resp, err = lc.KeepAlive(ctx, &coordinatorv1.KeepAliveRequest{Name: name, Token: token, Handle: handle})
 		return err
 	})
 	if err != nil {
 		return e.fail(err)
 	}
-	g := grant{Name: pos[0], Token: token, TTL: resp.GetTtl().AsDuration().String(), ExpiresAt: ts(resp.GetExpiresAt()), SafeUntil: ts(resp.GetSafeUntil())}
+	g := grant{Name: name, Token: token, TTL: resp.GetTtl().AsDuration().String(), ExpiresAt: ts(resp.GetExpiresAt()), SafeUntil: ts(resp.GetSafeUntil())}
 	if e.output == "json" {
 		e.printJSON(g)
 	} else {
 		e.table([]string{"NAME", "TOKEN", "TTL", "EXPIRES_AT", "SAFE_UNTIL"},
-			[]string{g.Name, pos[1], g.TTL, cell(g.ExpiresAt), cell(g.SafeUntil)})
+			[]string{g.Name, strconv.FormatInt(token, 10), g.TTL, cell(g.ExpiresAt), cell(g.SafeUntil)})
 	}
 	return exitOK
 }
@@ -346,25 +337,9 @@ func cmdList(e *env, args []string) int {
 		return code
 	}
 	defer conn.Close()
-	lc := coordinatorv1.NewLockServiceClient(conn)
-	holders := []*holder{}
-	page := ""
-	for {
-		var resp *coordinatorv1.ListResponse
-		err := e.call(context.Background(), 0, func(ctx context.Context) error {
-			var err error
-			resp, err = lc.List(ctx, &coordinatorv1.ListRequest{Prefix: prefix, PageSize: 1000, PageToken: page})
-			return err
-		})
-		if err != nil {
-			return e.fail(err)
-		}
-		for _, h := range resp.GetHolders() {
-			holders = append(holders, toHolder(h))
-		}
-		if page = resp.GetNextPageToken(); page == "" {
-			break
-		}
+	holders, err := e.listHolders(conn, prefix)
+	if err != nil {
+		return e.fail(err)
 	}
 	if e.output == "json" {
 		e.printJSON(struct {
@@ -378,6 +353,31 @@ func cmdList(e *env, args []string) int {
 	}
 	e.table(rows...)
 	return exitOK
+}
+
+// listHolders returns the held locks whose names start with prefix, every
+// page of them.
+func (e *env) listHolders(conn grpc.ClientConnInterface, prefix string) ([]*holder, error) {
+	lc := coordinatorv1.NewLockServiceClient(conn)
+	holders := []*holder{}
+	page := ""
+	for {
+		var resp *coordinatorv1.ListResponse
+		err := e.call(context.Background(), 0, func(ctx context.Context) error {
+			var err error
+			resp, err = lc.List(ctx, &coordinatorv1.ListRequest{Prefix: prefix, PageSize: 1000, PageToken: page})
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range resp.GetHolders() {
+			holders = append(holders, toHolder(h))
+		}
+		if page = resp.GetNextPageToken(); page == "" {
+			return holders, nil
+		}
+	}
 }
 
 func cmdWatch(e *env, args []string) int {
@@ -431,7 +431,7 @@ func cmdWatch(e *env, args []string) int {
 		if h != nil {
 			token, owner = strconv.FormatInt(h.Token, 10), dash(h.Owner)
 		}
-		fmt.Fprintf(e.stdout, "%-10d  %-15s  %-10s  %s\n", ev.GetRevision(), kind, token, owner)
+		fmt.Fprintf(e.stdout, "%-10d  %-15s  %-10s  %s\n", ev.GetRevision(), field(kind), token, field(owner))
 	}
 	return exitOK
 }

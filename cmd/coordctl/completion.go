@@ -1,11 +1,26 @@
 package main
 
-import "fmt"
+import (
+	"fmt"
+	"io"
+	"strings"
+)
 
-// bashCompletion completes commands, flags, lock names (from list, for the
-// commands that take one) and COMMAND after exec's "--".
+// bashCompletion completes commands, flags, lock names (held ones, from
+// "coordctl __names", for the commands that take one) and COMMAND after
+// exec's "--".
+//
+// A lock name is data from the coordinator, which any client with the right
+// to acquire can choose: the script never lets bash expand it. compgen -W
+// would (it splits and expands its word list, so a lock named
+// x$(touch${IFS}pwned) ran touch on the operator's machine at TAB). Names
+// arrive NUL-separated (a name may hold spaces, quotes, even newlines), are
+// compared with the word being completed as plain strings, and are offered
+// printf-%q-quoted: the word TAB inserts is the name itself to the shell
+// that runs the line, and running it expands nothing.
 const bashCompletion = `# bash completion for coordctl; load it with: source <(coordctl completion bash)
 _coordctl() {
+    COMPREPLY=()
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
     local conn="--addr --tls --tls-ca --tls-cert --tls-key --tls-server-name --token-file --timeout -o"
     local cmds="acquire release keepalive validate describe list watch force-release exec completion help"
@@ -42,14 +57,61 @@ _coordctl() {
     fi
     case "$cmd" in
         acquire|release|keepalive|validate|describe|watch|force-release|exec|list)
-            # lock names currently held, from the coordinator (quietly; 2s at most)
-            local names
-            names=$(coordctl --timeout 2s list 2>/dev/null | awk 'NR > 1 {print $1}')
-            COMPREPLY=($(compgen -W "$names" -- "$cur")) ;;
+            # Lock names currently held, from the coordinator (quietly; 2s at most).
+            # Data, never code: read NUL-separated, matched as strings, offered %q-quoted.
+            # COMP_WORDS cuts a word at : = @ (COMP_WORDBREAKS), and readline then
+            # replaces only the text after the last : or =, or from the last @ on:
+            # match on the word glued back together, offer what readline replaces.
+            local n q word="$cur" piece="$cur" prefix="" line="${COMP_LINE:0:COMP_POINT}"
+            if [[ "$cur" =~ ^[:=]+$ ]]; then piece=""; fi
+            for ((i = COMP_CWORD; i > 1; i--)); do
+                [[ "${COMP_WORDS[i]}" =~ ^[:=@]+$ || "${COMP_WORDS[i-1]}" =~ ^[:=@]+$ ]] || break
+                [[ "$line" == *"${COMP_WORDS[i-1]}$word" ]] || break
+                word="${COMP_WORDS[i-1]}$word"
+            done
+            local cut="${word:0:${#word}-${#piece}}"
+            if [[ "$word" =~ ^[A-Za-z0-9/._:=@-]*$ ]]; then prefix="$word"; fi
+            while IFS= read -r -d '' n; do
+                printf -v q '%q' "$n"
+                if [[ "$n" == "$word"* || "$q" == "$word"* ]] && [[ "$q" == "$cut"* ]]; then COMPREPLY+=("${q#"$cut"}"); fi
+            done < <(coordctl --timeout 2s __names "$prefix" 2>/dev/null) ;;
     esac
 }
 complete -o default -F _coordctl coordctl
 `
+
+// cmdNames is "coordctl __names [PREFIX]", for the completion script (not
+// in the help): the held lock names that start with PREFIX, each followed
+// by a NUL byte, the one byte no shell word can hold (a name holding one is
+// left out: no command line could pass it).
+func cmdNames(e *env, args []string) int {
+	fs := e.flagSet(e.name)
+	pos, code := e.parse(fs, args, 0, 1, "[PREFIX]")
+	if code >= 0 {
+		return code
+	}
+	prefix := ""
+	if len(pos) == 1 {
+		prefix = pos[0]
+	}
+	conn, code := e.connect()
+	if code >= 0 {
+		return code
+	}
+	defer conn.Close()
+	holders, err := e.listHolders(conn, prefix)
+	if err != nil {
+		return e.fail(err)
+	}
+	var b strings.Builder
+	for _, h := range holders {
+		if !strings.Contains(h.Name, "\x00") {
+			b.WriteString(h.Name + "\x00")
+		}
+	}
+	fmt.Fprint(e.stdout, b.String())
+	return exitOK
+}
 
 func cmdCompletion(e *env, args []string) int {
 	if len(args) != 1 || args[0] != "bash" {
@@ -59,6 +121,6 @@ func cmdCompletion(e *env, args []string) int {
 		}
 		return exitUsage
 	}
-	fmt.Fprint(e.stdout, bashCompletion)
+	io.WriteString(e.stdout, bashCompletion)
 	return exitOK
 }

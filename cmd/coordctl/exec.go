@@ -105,7 +105,7 @@ func cmdExec(e *env, args []string) int {
 		return exitError
 	}
 	if err := lock.Err(); err != nil { // a long confirmation, a pause: lost before COMMAND starts
-		fmt.Fprintf(e.stderr, "%s: the lock %q was lost before COMMAND started: %v\n", e.name, lock.Name(), err)
+		fmt.Fprintf(e.stderr, "%s: the lock %q was lost before COMMAND started: %v\n", e.name, lock.Name(), field(err.Error()))
 		return exitLost
 	}
 
@@ -152,7 +152,7 @@ func cmdExec(e *env, args []string) int {
 				return exitLost
 			}
 			if lock.Err() != nil { // lost in the same instant: the command may have worked unprotected
-				fmt.Fprintf(e.stderr, "%s: the lock %q was lost as COMMAND exited: %v\n", e.name, lock.Name(), lock.Err())
+				fmt.Fprintf(e.stderr, "%s: the lock %q was lost as COMMAND exited: %v\n", e.name, lock.Name(), field(lock.Err().Error()))
 				return exitLost
 			}
 			e.release(lock)
@@ -163,7 +163,7 @@ func cmdExec(e *env, args []string) int {
 			lostErr = lock.Err()
 			lost = nil
 			fmt.Fprintf(e.stderr, "%s: the lock %q (token %d) was lost: %v; sending SIGTERM to COMMAND, SIGKILL in %v\n",
-				e.name, lock.Name(), lock.Token(), lostErr, *grace)
+				e.name, lock.Name(), lock.Token(), field(lostErr.Error()), *grace)
 			_ = syscall.Kill(-pgid, syscall.SIGTERM)
 			killTimer = time.After(*grace)
 		case <-killTimer:
@@ -202,7 +202,7 @@ func (e *env) release(lock *client.Lock) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
 	if err := lock.Release(ctx); err != nil {
-		fmt.Fprintf(e.stderr, "%s: release %q: %v (the lock ends with its TTL)\n", e.name, lock.Name(), err)
+		fmt.Fprintf(e.stderr, "%s: release %q: %v (the lock ends with its TTL)\n", e.name, lock.Name(), field(err.Error()))
 	}
 }
 

@@ -55,8 +55,11 @@ Commands:
   acquire NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D]
                                  acquire a lock; print its token, handle and expiry.
                                  Nothing renews it: use keepalive, or exec.
-  release NAME TOKEN HANDLE      release a grant
-  keepalive NAME TOKEN HANDLE    renew a grant once, for another full TTL
+  release NAME TOKEN [HANDLE]    release a grant
+  keepalive NAME TOKEN [HANDLE]  renew a grant once, for another full TTL
+                                 HANDLE, the grant's secret: best from $COORDCTL_HANDLE or
+                                 --handle-file FILE (- : standard input); an argument works,
+                                 but ps shows it to every local user and history keeps it
   validate NAME TOKEN [--resource R]
                                  is TOKEN the current holder's (and, with R, not below
                                  the resource's high-water mark, which a valid answer raises)?
@@ -90,6 +93,8 @@ a terminal (then none: a background process group reading a terminal would be st
 Examples:
   coordctl acquire reports/nightly --ttl 30s --owner host-a
   coordctl -o json acquire reports/nightly --wait 0s
+  COORDCTL_HANDLE=$HANDLE coordctl keepalive reports/nightly 2
+  coordctl release reports/nightly 2 --handle-file nightly.handle
   coordctl validate reports/nightly 2 --resource s3/reports
   coordctl list reports/
   coordctl watch reports/nightly
@@ -119,8 +124,8 @@ var commands = map[string]func(*env, []string) int{
 // examples are shown by each command's -help.
 var examples = map[string]string{
 	"acquire":       "  coordctl acquire reports/nightly --ttl 30s --owner host-a\n  coordctl -o json acquire reports/nightly --wait 0s\n",
-	"release":       "  coordctl release reports/nightly 2 37e4a22c1a896b0b.PFYm0S4XyxAiKJjn0KXMdA\n",
-	"keepalive":     "  coordctl keepalive reports/nightly 2 37e4a22c1a896b0b.PFYm0S4XyxAiKJjn0KXMdA\n",
+	"release":       "  coordctl release reports/nightly 2 --handle-file nightly.handle\n  COORDCTL_HANDLE=$HANDLE coordctl release reports/nightly 2\n  printf '%s' \"$HANDLE\" | coordctl release reports/nightly 2 --handle-file -\n",
+	"keepalive":     "  coordctl keepalive reports/nightly 2 --handle-file nightly.handle\n  COORDCTL_HANDLE=$HANDLE coordctl keepalive reports/nightly 2\n",
 	"validate":      "  coordctl validate reports/nightly 2\n  coordctl -o json validate reports/nightly 2 --resource s3/reports\n",
 	"describe":      "  coordctl describe reports/nightly\n",
 	"list":          "  coordctl list\n  coordctl -o json list reports/\n",
@@ -132,15 +137,17 @@ var examples = map[string]string{
 // env is what a command needs: the connection flags, the output format and
 // where to write.
 type env struct {
-	conn   *connFlags
-	output string
-	stdout io.Writer
-	stderr io.Writer
-	name   string // the command's name, for messages
+	conn      *connFlags
+	output    string
+	stdin     io.Reader // --handle-file -
+	stdout    io.Writer
+	stderr    io.Writer
+	name      string // the command's name, for messages
+	extraHelp string // printed by the command's -help after its flags
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	e := &env{conn: newConnFlags(stderr), output: envOr("OUTPUT", "table"), stdout: stdout, stderr: stderr, name: "coordctl"}
+	e := &env{conn: newConnFlags(stderr), output: envOr("OUTPUT", "table"), stdin: os.Stdin, stdout: stdout, stderr: stderr, name: "coordctl"}
 	fs := e.flagSet("coordctl")
 	fs.Usage = func() { fmt.Fprint(stderr, usageText) }
 	if err := fs.Parse(args); err != nil {
@@ -165,6 +172,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	case "completion":
 		return cmdCompletion(e, rest)
+	case "__names": // the completion script's source of lock names
+		e.name = "coordctl __names"
+		return cmdNames(e, rest)
 	}
 	f := commands[cmd]
 	if f == nil {
@@ -190,6 +200,9 @@ func (e *env) setUsage(fs *flag.FlagSet, synopsis string) {
 	fs.Usage = func() {
 		fmt.Fprintf(e.stderr, "Usage: %s %s\n\nFlags:\n", e.name, synopsis)
 		fs.PrintDefaults()
+		if e.extraHelp != "" {
+			fmt.Fprint(e.stderr, "\n"+e.extraHelp)
+		}
 		if ex := examples[strings.TrimPrefix(e.name, "coordctl ")]; ex != "" {
 			fmt.Fprint(e.stderr, "\nExamples:\n"+ex)
 		}
@@ -241,7 +254,7 @@ func (e *env) fail(err error) int {
 	if st, ok := status.FromError(err); ok {
 		msg = fmt.Sprintf("%s: %s", codeName(st.Code()), st.Message())
 	}
-	fmt.Fprintf(e.stderr, "%s: %s\n", e.name, msg)
+	fmt.Fprintf(e.stderr, "%s: %s\n", e.name, field(msg)) // the server's words, shown as text
 	return exitCode(err)
 }
 

@@ -3,9 +3,12 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -53,13 +56,39 @@ func (e *env) printJSON(v any) {
 	fmt.Fprintln(e.stdout, string(b))
 }
 
-// table writes rows (the first is the header) aligned in columns.
+// table writes rows (the first is the header) aligned in columns, every
+// cell shown by field: a name, owner or handle from the server cannot add a
+// row or a column, move the cursor or hide text.
 func (e *env) table(rows ...[]string) {
 	w := tabwriter.NewWriter(e.stdout, 0, 0, 2, ' ', 0)
 	for _, r := range rows {
-		fmt.Fprintln(w, strings.Join(r, "\t"))
+		cells := make([]string, len(r))
+		for i, c := range r {
+			cells[i] = field(c)
+		}
+		fmt.Fprintln(w, strings.Join(cells, "\t"))
 	}
 	w.Flush()
+}
+
+// field is s as a terminal may show it: s itself when every rune is
+// printable (unicode.IsPrint: letters, marks, numbers, punctuation, symbols
+// and the ASCII space), else s Go-quoted (strconv.Quote), so that a newline,
+// a tab, an ANSI escape, a C1 control, a bidi override or a zero-width rune
+// shows as \n, \t, \x1b, \u009b, \u202e, \u200b instead of acting. A
+// printable s that starts with a double quote is quoted too: a quoted cell
+// always starts with one and a plain cell never does, so no string can pass
+// for the escaped form of another.
+func field(s string) string {
+	if strings.HasPrefix(s, `"`) || !utf8.ValidString(s) {
+		return strconv.Quote(s)
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
 
 // holder is a lock holder in JSON output.

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+// handleHelp is how the commands that take a grant's secret handle say
+// where it may come from, the recommended sources first.
+const handleHelp = `HANDLE, the grant's secret, comes from one of:
+  $COORDCTL_HANDLE     the environment (recommended: only the same user and root can read it)
+  --handle-file FILE   a file holding it, - for standard input (recommended); surrounding
+                       whitespace is ignored
+  HANDLE               the last argument: works, but ps shows it to every local user and the
+                       shell's history keeps it
+--handle-file and HANDLE together are a usage error (exit 2); either one wins over
+$COORDCTL_HANDLE, as a flag wins over its variable.
+`
+
+// maxHandleFile bounds what --handle-file reads: a handle is ~40 bytes, and
+// a file (or a pipe) of another kind must not be read whole.
+const maxHandleFile = 4096
+
+// handleSource is where release and keepalive take the handle from.
+type handleSource struct {
+	file  string // --handle-file: a path, or "-" for standard input
+	stdin io.Reader
+}
+
+func (h *handleSource) register(fs *flag.FlagSet) {
+	fs.StringVar(&h.file, "handle-file", "", "read HANDLE from this file (- : standard input) instead of an argument, which ps shows to every local user")
+}
+
+// resolve returns the handle: from --handle-file, else the HANDLE argument
+// (arg, when hasArg), else $COORDCTL_HANDLE. Both explicit sources at once,
+// none at all, or an empty or unreadable file are usage errors.
+func (h *handleSource) resolve(arg string, hasArg bool) (string, error) {
+	switch {
+	case h.file != "" && hasArg:
+		return "", errors.New("HANDLE given twice, as an argument and with --handle-file: give one (prefer --handle-file or $COORDCTL_HANDLE: an argument shows in ps)")
+	case h.file != "":
+		return h.read()
+	case hasArg:
+		return arg, nil
+	}
+	if v := strings.TrimSpace(os.Getenv("COORDCTL_HANDLE")); v != "" {
+		return v, nil
+	}
+	return "", errors.New("no HANDLE: set $COORDCTL_HANDLE or pass --handle-file FILE (- : standard input)")
+}
+
+// read reads --handle-file.
+func (h *handleSource) read() (string, error) {
+	r, name := h.stdin, "standard input"
+	if h.file != "-" {
+		f, err := os.Open(h.file)
+		if err != nil {
+			return "", fmt.Errorf("--handle-file: %w", err)
+		}
+		defer f.Close()
+		r, name = f, h.file
+	}
+	b, err := io.ReadAll(io.LimitReader(r, maxHandleFile+1))
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("--handle-file %s: %w", name, err)
+	case len(b) > maxHandleFile:
+		return "", fmt.Errorf("--handle-file %s: more than %d bytes: not a handle", name, maxHandleFile)
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "" {
+		return "", fmt.Errorf("--handle-file %s is empty", name)
+	}
+	return v, nil
+}
+
+// grantArgs parses the arguments of release and keepalive, NAME TOKEN
+// [HANDLE], and finds the handle; the exit code is -1 when the command goes
+// on.
+func (e *env) grantArgs(args []string) (name string, token int64, handle string, code int) {
+	fs := e.flagSet(e.name)
+	hs := handleSource{stdin: e.stdin}
+	hs.register(fs)
+	const synopsis = "NAME TOKEN [HANDLE] [--handle-file FILE]"
+	e.extraHelp = handleHelp
+	pos, code := e.parse(fs, args, 2, 3, synopsis)
+	if code >= 0 {
+		return "", 0, "", code
+	}
+	if token, code = parseToken(e, pos[1]); code >= 0 {
+		return "", 0, "", code
+	}
+	arg := ""
+	if len(pos) == 3 {
+		arg = pos[2]
+	}
+	handle, err := hs.resolve(arg, len(pos) == 3)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "%s: %v\nUsage: %s %s\n", e.name, err, e.name, synopsis)
+		return "", 0, "", exitUsage
+	}
+	return pos[0], token, handle, -1
+}
