@@ -124,7 +124,7 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs.IntVar(&cfg.MaxRecvMsgSize, "max-recv-msg-size", 256<<10, "largest request message in bytes; larger ones get RESOURCE_EXHAUSTED (env COORDINATORD_MAX_RECV_MSG_SIZE)")
 	fs.Var(uint32Value{&cfg.MaxConcurrentStreams}, "max-concurrent-streams", "concurrent calls per client connection (HTTP/2 streams); more wait for a free one; 0: no limit (env COORDINATORD_MAX_CONCURRENT_STREAMS)")
 	fs.DurationVar(&cfg.KeepaliveMinTime, "keepalive-min-time", 10*time.Second, "clients sending HTTP/2 pings more often than this get GOAWAY (too_many_pings) (env COORDINATORD_KEEPALIVE_MIN_TIME)")
-	fs.Float64Var(&cfg.RateLimit, "rate-limit", 1000, "requests per second per caller (authenticated identity, else client IP); beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_RATE_LIMIT)")
+	fs.Float64Var(&cfg.RateLimit, "rate-limit", 1000, "requests per second per caller (authenticated identity, else client IP), every stream message counting as one; beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_RATE_LIMIT)")
 	fs.IntVar(&cfg.RateBurst, "rate-burst", 2000, "burst allowed above -rate-limit (env COORDINATORD_RATE_BURST)")
 	fs.Int64Var(&cfg.MaxWaitersPerLock, "max-waiters-per-lock", 1000, "waiters allowed in one lock's queue; beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_MAX_WAITERS_PER_LOCK)")
 	fs.Int64Var(&cfg.MaxLocksPerIdentity, "max-locks-per-identity", 1000, "locks one authenticated identity may hold or wait for at once, across all replicas; beyond: RESOURCE_EXHAUSTED; applies only with -auth-policy; 0: no limit (env COORDINATORD_MAX_LOCKS_PER_IDENTITY)")
