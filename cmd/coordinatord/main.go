@@ -187,6 +187,8 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		return cfg, nil, errors.New("-tls-cert and -tls-key go together")
 	case cfg.TLSClientCA != "" && cfg.TLSCert == "":
 		return cfg, nil, errors.New("-tls-client-ca needs -tls-cert and -tls-key")
+	case cfg.TLSIdentityFromCN && cfg.TLSClientCA == "":
+		return cfg, nil, errors.New("-tls-identity-from-cn needs -tls-client-ca: without mutual TLS there are no client certificates")
 	case cfg.AuthTokens != "" && cfg.AuthPolicy == "":
 		return cfg, nil, errors.New("-auth-tokens needs -auth-policy")
 	case cfg.MaxRecvMsgSize < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 || cfg.MaxWaitersPerLock < 0 || cfg.MaxLocksPerIdentity < 0 || cfg.MaxWait < 0 || cfg.KeepaliveMinTime < 0:

@@ -270,6 +270,10 @@ func TestBadFlagsExitWithUsageError(t *testing.T) {
 		{"--max-concurrent-streams", "-1"},
 		{"--rate-limit", "-1"},
 		{"--max-wait", "-1s"},
+		{"--tls-identity-from-cn"},
+		{"--max-connections", "-1"},
+		{"--max-connection-idle", "-1s"},
+		{"--max-hold-streams-per-caller", "x"},
 	} {
 		out, err := exec.Command(binary, args...).CombinedOutput()
 		var ee *exec.ExitError

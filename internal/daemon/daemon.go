@@ -299,7 +299,7 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			return fmt.Errorf("listen on %q (--health-listen): %w", cfg.HealthListen, err)
 		}
-		hgs = grpc.NewServer()
+		hgs = grpc.NewServer(grpc.MaxHeaderListSize(server.MaxHeaderListSize))
 		healthpb.RegisterHealthServer(hgs, hs)
 		reflection.Register(hgs) // so that grpcurl needs no .proto files here either
 		log.Info("plaintext gRPC health serving", "addr", hlis.Addr().String())

@@ -23,12 +23,13 @@ import (
 // (-max-recv-msg-size).
 const flowWindow = 1 << 20
 
-// maxHeaderListSize bounds the request headers (metadata) gRPC parses
+// MaxHeaderListSize bounds the request headers (metadata) gRPC parses
 // before any interceptor, authentication included: 16 KiB, far above what
 // a call carries (a bearer token, a deadline, a user agent), where gRPC's
 // default of 16 MiB let 20 unauthenticated requests cost 227 MB. A request
 // beyond it is reset (RST_STREAM) without reaching a handler.
-const maxHeaderListSize = 16 << 10
+// Every gRPC server of the daemon should set it (grpc.MaxHeaderListSize).
+const MaxHeaderListSize = 16 << 10
 
 // NewGRPCServer returns a gRPC server with the LockService, the standard
 // health service (returned so the caller can flip it) and reflection
@@ -67,7 +68,7 @@ func NewGRPCServer(svc *LockService, log *slog.Logger, opts ...Option) (*grpc.Se
 		// pings (a packet each way for most requests; messages here are
 		// small).
 		grpc.InitialWindowSize(flowWindow), grpc.InitialConnWindowSize(flowWindow),
-		grpc.MaxHeaderListSize(maxHeaderListSize),
+		grpc.MaxHeaderListSize(MaxHeaderListSize),
 	}, o.grpc...)
 	gs := grpc.NewServer(all...)
 	coordinatorv1.RegisterLockServiceServer(gs, svc)
