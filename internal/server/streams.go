@@ -3,6 +3,7 @@ package server
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -49,7 +50,7 @@ func (c StreamCaps) Interceptor() grpc.StreamServerInterceptor {
 		k := streamKey{caller: caller(ss.Context()), method: kind}
 		if !open.take(k, limit) {
 			return withReason(codes.ResourceExhausted,
-				fmt.Sprintf("this caller already has %d open %s streams, the most allowed (--max-%s-streams-per-caller); close one, or share one stream between watchers", limit, kind, map[string]string{"Watch": "watch", "Hold": "hold"}[kind]),
+				fmt.Sprintf("this caller already has %d open %s streams, the most allowed (--max-%s-streams-per-caller); close one, or share one stream between watchers", limit, kind, strings.ToLower(kind)),
 				"TOO_MANY_STREAMS", map[string]string{"method": kind, "limit": strconv.Itoa(limit)})
 		}
 		defer open.give(k)
