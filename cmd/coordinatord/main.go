@@ -48,7 +48,8 @@ const envPrefix = "COORDINATORD_"
 // applyEnv sets every flag of fs that has a COORDINATORD_* variable in
 // environ, through the flag's own parser, so that a malformed value refuses
 // to start exactly as the same flag would (it used to become the default
-// silently). Run it before parsing the command line, which then overrides.
+// silently); an empty value counts as unset. Run it before parsing the
+// command line, which then overrides.
 // It returns the COORDINATORD_* variables that name no flag, sorted, for a
 // warning: their names only, since a value may be a secret.
 func applyEnv(fs *flag.FlagSet, environ []string) (unknown []string, err error) {
@@ -62,6 +63,9 @@ func applyEnv(fs *flag.FlagSet, environ []string) (unknown []string, err error) 
 		if fs.Lookup(name) == nil || rest != strings.ToUpper(rest) {
 			unknown = append(unknown, k)
 			continue
+		}
+		if v == "" {
+			continue // set but empty: unset, as a manifest's `value: ""` means
 		}
 		if err := fs.Set(name, v); err != nil {
 			return nil, fmt.Errorf("%s=%q: %v (refused as -%s would be)", k, v, err, name)
