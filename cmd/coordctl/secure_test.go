@@ -84,8 +84,8 @@ func TestTLSAndBearerToken(t *testing.T) {
 
 	t.Run("mutual TLS", func(t *testing.T) {
 		a := startSecureDaemon(t, daemon.Config{TLSCert: cert, TLSKey: key, TLSClientCA: caFile, AuthPolicy: policy})
-		opsCert, opsKey := ca.Issue(testpki.Leaf{CN: "ops"}).Write(dir, "ops")
-		appCert, appKey := ca.Issue(testpki.Leaf{CN: "app"}).Write(dir, "app")
+		opsCert, opsKey := ca.Issue(testpki.Leaf{DNS: []string{"ops"}}).Write(dir, "ops")
+		appCert, appKey := ca.Issue(testpki.Leaf{DNS: []string{"app"}}).Write(dir, "app")
 		ops := []string{"--addr", a, "--tls-ca", caFile, "--tls-cert", opsCert, "--tls-key", opsKey, "--timeout", "5s"}
 		app := []string{"--addr", a, "--tls-ca", caFile, "--tls-cert", appCert, "--tls-key", appKey, "--timeout", "5s"}
 		g := acquireWith(t, append(app, "acquire", "app/mtls")...)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -40,51 +41,39 @@ func run(args []string) int {
 	return 0
 }
 
-// env returns $COORDINATORD_<NAME> or def.
-func env(name, def string) string {
-	if v, ok := os.LookupEnv("COORDINATORD_" + name); ok {
-		return v
-	}
-	return def
-}
+// envPrefix starts the environment variable of every flag:
+// COORDINATORD_<FLAG>, the flag's name in upper case with '-' as '_'
+// (-max-ttl: COORDINATORD_MAX_TTL).
+const envPrefix = "COORDINATORD_"
 
-func envDuration(name string, def time.Duration) time.Duration {
-	v := env(name, "")
-	if v == "" {
-		return def
+// applyEnv sets every flag of fs that has a COORDINATORD_* variable in
+// environ, through the flag's own parser, so that a malformed value refuses
+// to start exactly as the same flag would (it used to become the default
+// silently); an empty value counts as unset. Run it before parsing the
+// command line, which then overrides.
+// It returns the COORDINATORD_* variables that name no flag, sorted, for a
+// warning: their names only, since a value may be a secret.
+func applyEnv(fs *flag.FlagSet, environ []string) (unknown []string, err error) {
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		rest, ok := strings.CutPrefix(k, envPrefix)
+		if !ok {
+			continue
+		}
+		name := strings.ToLower(strings.ReplaceAll(rest, "_", "-"))
+		if fs.Lookup(name) == nil || rest != strings.ToUpper(rest) {
+			unknown = append(unknown, k)
+			continue
+		}
+		if v == "" {
+			continue // set but empty: unset, as a manifest's `value: ""` means
+		}
+		if err := fs.Set(name, v); err != nil {
+			return nil, fmt.Errorf("%s=%q: %v (refused as -%s would be)", k, v, err, name)
+		}
 	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "coordinatord: COORDINATORD_%s=%q is not a duration; using %v\n", name, v, def)
-		return def
-	}
-	return d
-}
-
-func envInt(name string, def int) int {
-	v := env(name, "")
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "coordinatord: COORDINATORD_%s=%q is not an integer; using %d\n", name, v, def)
-		return def
-	}
-	return n
-}
-
-func envFloat(name string, def float64) float64 {
-	v := env(name, "")
-	if v == "" {
-		return def
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "coordinatord: COORDINATORD_%s=%q is not a number; using %g\n", name, v, def)
-		return def
-	}
-	return f
+	slices.Sort(unknown)
+	return unknown, nil
 }
 
 // uint32Value is a flag.Value for a uint32.
@@ -115,42 +104,51 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		format       string
 		passwordFile string
 	)
-	cfg.MaxConcurrentStreams = uint32(envInt("MAX_CONCURRENT_STREAMS", 1000))
-	fs.StringVar(&cfg.Listen, "listen", env("LISTEN", "127.0.0.1:7070"), "gRPC listen address (env COORDINATORD_LISTEN)")
-	fs.StringVar(&endpoints, "etcd-endpoints", env("ETCD_ENDPOINTS", ""), "comma-separated etcd client URLs; empty starts an embedded single-member etcd (env COORDINATORD_ETCD_ENDPOINTS)")
-	fs.StringVar(&cfg.EtcdCA, "etcd-ca", env("ETCD_CA", ""), "PEM CA bundle that signed etcd's server certificates (env COORDINATORD_ETCD_CA)")
-	fs.StringVar(&cfg.EtcdCert, "etcd-cert", env("ETCD_CERT", ""), "PEM client certificate for etcd's --client-cert-auth (env COORDINATORD_ETCD_CERT)")
-	fs.StringVar(&cfg.EtcdKey, "etcd-key", env("ETCD_KEY", ""), "PEM private key of -etcd-cert (env COORDINATORD_ETCD_KEY)")
-	fs.StringVar(&cfg.EtcdUsername, "etcd-username", env("ETCD_USERNAME", ""), "etcd user (etcd auth) (env COORDINATORD_ETCD_USERNAME)")
-	fs.StringVar(&passwordFile, "etcd-password-file", env("ETCD_PASSWORD_FILE", ""), "file holding the etcd user's password (env COORDINATORD_ETCD_PASSWORD_FILE)")
-	fs.StringVar(&cfg.KeyPrefix, "key-prefix", env("KEY_PREFIX", "/coordinatord/"), "etcd key prefix of every key written (env COORDINATORD_KEY_PREFIX)")
-	fs.StringVar(&cfg.DataDir, "data-dir", env("DATA_DIR", "coordinatord-data"), "data directory of the embedded etcd (env COORDINATORD_DATA_DIR)")
-	fs.StringVar(&cfg.EtcdAutoCompactionMode, "etcd-auto-compaction-mode", env("ETCD_AUTO_COMPACTION_MODE", embedetcd.DefaultCompactionMode), "embedded etcd only: periodic (retention is a duration) or revision (retention is a count of revisions) (env COORDINATORD_ETCD_AUTO_COMPACTION_MODE)")
-	fs.StringVar(&cfg.EtcdAutoCompactionRetention, "etcd-auto-compaction-retention", env("ETCD_AUTO_COMPACTION_RETENTION", embedetcd.DefaultRetention), "embedded etcd only: history kept; a Watch can resume from a revision this old (periodic: up to twice as old); 0: no compaction but under space pressure (env COORDINATORD_ETCD_AUTO_COMPACTION_RETENTION)")
-	fs.Int64Var(&cfg.EtcdQuotaBackendBytes, "etcd-quota-backend-bytes", int64(envInt("ETCD_QUOTA_BACKEND_BYTES", 0)), "embedded etcd only: store size at which writes are refused (RESOURCE_EXHAUSTED, reason STORE_FULL) until space is reclaimed; 0: 2 GiB (env COORDINATORD_ETCD_QUOTA_BACKEND_BYTES)")
-	fs.DurationVar(&cfg.DefaultTTL, "default-ttl", envDuration("DEFAULT_TTL", 15*time.Second), "lease TTL when a request asks for none (env COORDINATORD_DEFAULT_TTL)")
-	fs.DurationVar(&cfg.MaxTTL, "max-ttl", envDuration("MAX_TTL", 5*time.Minute), "largest lease TTL a request may ask for (env COORDINATORD_MAX_TTL)")
-	fs.DurationVar(&cfg.MaxHold, "max-hold", envDuration("MAX_HOLD", time.Hour), "longest a grant may be renewed; requests may ask for less (env COORDINATORD_MAX_HOLD)")
-	fs.DurationVar(&cfg.MaxLockDelay, "max-lock-delay", envDuration("MAX_LOCK_DELAY", time.Minute), "largest lock-delay a request may ask for (env COORDINATORD_MAX_LOCK_DELAY)")
-	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", envDuration("SHUTDOWN_TIMEOUT", 10*time.Second), "bound on the graceful stop (env COORDINATORD_SHUTDOWN_TIMEOUT)")
-	fs.StringVar(&cfg.TLSCert, "tls-cert", env("TLS_CERT", ""), "PEM server certificate file; with -tls-key, gRPC is served over TLS 1.2+ (env COORDINATORD_TLS_CERT)")
-	fs.StringVar(&cfg.TLSKey, "tls-key", env("TLS_KEY", ""), "PEM private key file of -tls-cert (env COORDINATORD_TLS_KEY)")
-	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", env("TLS_CLIENT_CA", ""), "PEM CA bundle; set, every client must present a certificate signed by it (mutual TLS) (env COORDINATORD_TLS_CLIENT_CA)")
-	fs.StringVar(&cfg.AuthPolicy, "auth-policy", env("AUTH_POLICY", ""), "JSON authorization policy file; set, every call but health and reflection needs an identity (client certificate or bearer token) allowed by it (env COORDINATORD_AUTH_POLICY)")
-	fs.StringVar(&cfg.AuthTokens, "auth-tokens", env("AUTH_TOKENS", ""), "bearer token file: lines \"identity sha256-hex-of-token\" (env COORDINATORD_AUTH_TOKENS)")
-	fs.DurationVar(&cfg.AuthReloadInterval, "auth-reload-interval", envDuration("AUTH_RELOAD_INTERVAL", 5*time.Second), "how often the policy and token files are checked for changes; SIGHUP reloads at once (env COORDINATORD_AUTH_RELOAD_INTERVAL)")
-	fs.StringVar(&cfg.MetricsListen, "metrics-listen", env("METRICS_LISTEN", ""), "HTTP address of /metrics (Prometheus), /healthz and /readyz, e.g. 127.0.0.1:9090; empty: off (env COORDINATORD_METRICS_LISTEN)")
-	fs.IntVar(&cfg.MaxRecvMsgSize, "max-recv-msg-size", envInt("MAX_RECV_MSG_SIZE", 256<<10), "largest request message in bytes; larger ones get RESOURCE_EXHAUSTED (env COORDINATORD_MAX_RECV_MSG_SIZE)")
+	cfg.MaxConcurrentStreams = 1000
+	fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:7070", "gRPC listen address (env COORDINATORD_LISTEN)")
+	fs.StringVar(&endpoints, "etcd-endpoints", "", "comma-separated etcd client URLs; empty starts an embedded single-member etcd (env COORDINATORD_ETCD_ENDPOINTS)")
+	fs.StringVar(&cfg.EtcdCA, "etcd-ca", "", "PEM CA bundle that signed etcd's server certificates (env COORDINATORD_ETCD_CA)")
+	fs.StringVar(&cfg.EtcdCert, "etcd-cert", "", "PEM client certificate for etcd's --client-cert-auth (env COORDINATORD_ETCD_CERT)")
+	fs.StringVar(&cfg.EtcdKey, "etcd-key", "", "PEM private key of -etcd-cert (env COORDINATORD_ETCD_KEY)")
+	fs.StringVar(&cfg.EtcdUsername, "etcd-username", "", "etcd user (etcd auth) (env COORDINATORD_ETCD_USERNAME)")
+	fs.StringVar(&passwordFile, "etcd-password-file", "", "file holding the etcd user's password (env COORDINATORD_ETCD_PASSWORD_FILE)")
+	fs.StringVar(&cfg.KeyPrefix, "key-prefix", "/coordinatord/", "etcd key prefix of every key written (env COORDINATORD_KEY_PREFIX)")
+	fs.StringVar(&cfg.DataDir, "data-dir", "coordinatord-data", "data directory of the embedded etcd (env COORDINATORD_DATA_DIR)")
+	fs.StringVar(&cfg.EtcdAutoCompactionMode, "etcd-auto-compaction-mode", embedetcd.DefaultCompactionMode, "embedded etcd only: periodic (retention is a duration) or revision (retention is a count of revisions) (env COORDINATORD_ETCD_AUTO_COMPACTION_MODE)")
+	fs.StringVar(&cfg.EtcdAutoCompactionRetention, "etcd-auto-compaction-retention", embedetcd.DefaultRetention, "embedded etcd only: history kept; a Watch can resume from a revision this old (periodic: up to twice as old); 0: no compaction but under space pressure (env COORDINATORD_ETCD_AUTO_COMPACTION_RETENTION)")
+	fs.Int64Var(&cfg.EtcdQuotaBackendBytes, "etcd-quota-backend-bytes", 0, "embedded etcd only: store size at which writes are refused (RESOURCE_EXHAUSTED, reason STORE_FULL) until space is reclaimed; 0: 2 GiB (env COORDINATORD_ETCD_QUOTA_BACKEND_BYTES)")
+	fs.DurationVar(&cfg.DefaultTTL, "default-ttl", 15*time.Second, "lease TTL when a request asks for none (env COORDINATORD_DEFAULT_TTL)")
+	fs.DurationVar(&cfg.MaxTTL, "max-ttl", 5*time.Minute, "largest lease TTL a request may ask for (env COORDINATORD_MAX_TTL)")
+	fs.DurationVar(&cfg.MaxHold, "max-hold", time.Hour, "longest a grant may be renewed; requests may ask for less (env COORDINATORD_MAX_HOLD)")
+	fs.DurationVar(&cfg.MaxLockDelay, "max-lock-delay", time.Minute, "largest lock-delay a request may ask for (env COORDINATORD_MAX_LOCK_DELAY)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on the graceful stop (env COORDINATORD_SHUTDOWN_TIMEOUT)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM server certificate file; with -tls-key, gRPC is served over TLS 1.2+ (env COORDINATORD_TLS_CERT)")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file of -tls-cert (env COORDINATORD_TLS_KEY)")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "PEM CA bundle; set, every client must present a certificate signed by it (mutual TLS) (env COORDINATORD_TLS_CLIENT_CA)")
+	fs.StringVar(&cfg.AuthPolicy, "auth-policy", "", "JSON authorization policy file; set, every call but health and reflection needs an identity (client certificate or bearer token) allowed by it (env COORDINATORD_AUTH_POLICY)")
+	fs.StringVar(&cfg.AuthTokens, "auth-tokens", "", "bearer token file: lines \"identity sha256-hex-of-token\" (env COORDINATORD_AUTH_TOKENS)")
+	fs.DurationVar(&cfg.AuthReloadInterval, "auth-reload-interval", 5*time.Second, "how often the policy and token files are checked for changes; SIGHUP reloads at once (env COORDINATORD_AUTH_RELOAD_INTERVAL)")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "", "HTTP address of /metrics (Prometheus), /healthz and /readyz, e.g. 127.0.0.1:9090; empty: off (env COORDINATORD_METRICS_LISTEN)")
+	fs.IntVar(&cfg.MaxRecvMsgSize, "max-recv-msg-size", 256<<10, "largest request message in bytes; larger ones get RESOURCE_EXHAUSTED (env COORDINATORD_MAX_RECV_MSG_SIZE)")
 	fs.Var(uint32Value{&cfg.MaxConcurrentStreams}, "max-concurrent-streams", "concurrent calls per client connection (HTTP/2 streams); more wait for a free one; 0: no limit (env COORDINATORD_MAX_CONCURRENT_STREAMS)")
-	fs.DurationVar(&cfg.KeepaliveMinTime, "keepalive-min-time", envDuration("KEEPALIVE_MIN_TIME", 10*time.Second), "clients sending HTTP/2 pings more often than this get GOAWAY (too_many_pings) (env COORDINATORD_KEEPALIVE_MIN_TIME)")
-	fs.Float64Var(&cfg.RateLimit, "rate-limit", envFloat("RATE_LIMIT", 1000), "requests per second per caller (authenticated identity, else client IP); beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_RATE_LIMIT)")
-	fs.IntVar(&cfg.RateBurst, "rate-burst", envInt("RATE_BURST", 2000), "burst allowed above -rate-limit (env COORDINATORD_RATE_BURST)")
-	fs.Int64Var(&cfg.MaxWaitersPerLock, "max-waiters-per-lock", int64(envInt("MAX_WAITERS_PER_LOCK", 1000)), "waiters allowed in one lock's queue; beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_MAX_WAITERS_PER_LOCK)")
-	fs.Int64Var(&cfg.MaxLocksPerIdentity, "max-locks-per-identity", int64(envInt("MAX_LOCKS_PER_IDENTITY", 1000)), "locks one authenticated identity may hold or wait for at once, across all replicas; beyond: RESOURCE_EXHAUSTED; applies only with -auth-policy; 0: no limit (env COORDINATORD_MAX_LOCKS_PER_IDENTITY)")
-	fs.DurationVar(&cfg.MaxWait, "max-wait", envDuration("MAX_WAIT", 15*time.Minute), "longest queue wait of an Acquire: an unset wait waits this long, a longer one is INVALID_ARGUMENT; 0: no limit (env COORDINATORD_MAX_WAIT)")
-	fs.StringVar(&cfg.HealthListen, "health-listen", env("HEALTH_LISTEN", ""), "plaintext gRPC address serving only grpc.health.v1.Health, for Kubernetes gRPC probes (they cannot speak TLS); empty: off (env COORDINATORD_HEALTH_LISTEN)")
-	fs.StringVar(&level, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env COORDINATORD_LOG_LEVEL)")
-	fs.StringVar(&format, "log-format", env("LOG_FORMAT", "json"), "json or text (env COORDINATORD_LOG_FORMAT)")
+	fs.DurationVar(&cfg.KeepaliveMinTime, "keepalive-min-time", 10*time.Second, "clients sending HTTP/2 pings more often than this get GOAWAY (too_many_pings) (env COORDINATORD_KEEPALIVE_MIN_TIME)")
+	fs.Float64Var(&cfg.RateLimit, "rate-limit", 1000, "requests per second per caller (authenticated identity, else client IP), every stream message counting as one; beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_RATE_LIMIT)")
+	fs.IntVar(&cfg.RateBurst, "rate-burst", 2000, "burst allowed above -rate-limit (env COORDINATORD_RATE_BURST)")
+	fs.Int64Var(&cfg.MaxWaitersPerLock, "max-waiters-per-lock", 1000, "waiters allowed in one lock's queue; beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_MAX_WAITERS_PER_LOCK)")
+	fs.Int64Var(&cfg.MaxLocksPerIdentity, "max-locks-per-identity", 1000, "locks one authenticated identity may hold or wait for at once, across all replicas; beyond: RESOURCE_EXHAUSTED; applies only with -auth-policy; 0: no limit (env COORDINATORD_MAX_LOCKS_PER_IDENTITY)")
+	fs.DurationVar(&cfg.MaxWait, "max-wait", 15*time.Minute, "longest queue wait of an Acquire: an unset wait waits this long, a longer one is INVALID_ARGUMENT; 0: no limit (env COORDINATORD_MAX_WAIT)")
+	fs.StringVar(&cfg.HealthListen, "health-listen", "", "plaintext gRPC address serving only grpc.health.v1.Health, for Kubernetes gRPC probes (they cannot speak TLS); empty: off (env COORDINATORD_HEALTH_LISTEN)")
+	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error (env COORDINATORD_LOG_LEVEL)")
+	fs.StringVar(&format, "log-format", "json", "json or text (env COORDINATORD_LOG_FORMAT)")
+	fs.BoolVar(&cfg.TLSIdentityFromCN, "tls-identity-from-cn", false, "identify a client certificate without URI or DNS SANs by its subject CN; off: such a certificate names no identity, since a CN may imitate a SAN (env COORDINATORD_TLS_IDENTITY_FROM_CN)")
+	fs.IntVar(&cfg.MaxWatchStreams, "max-watch-streams-per-caller", 256, "concurrent Watch streams per caller (authenticated identity, else client IP) on this replica; beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_MAX_WATCH_STREAMS_PER_CALLER)")
+	fs.IntVar(&cfg.MaxHoldStreams, "max-hold-streams-per-caller", 1000, "concurrent Hold streams per caller (authenticated identity, else client IP) on this replica; beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_MAX_HOLD_STREAMS_PER_CALLER)")
+	fs.IntVar(&cfg.MaxConnections, "max-connections", 4096, "open client connections on the gRPC listener; one beyond is closed at once; 0: no limit (env COORDINATORD_MAX_CONNECTIONS)")
+	fs.DurationVar(&cfg.MaxConnectionIdle, "max-connection-idle", 5*time.Minute, "a client connection without a call for this long is sent GOAWAY (clients reconnect on their next call); 0: never (env COORDINATORD_MAX_CONNECTION_IDLE)")
+	unknownEnv, err := applyEnv(fs, os.Environ())
+	if err != nil {
+		return cfg, nil, err
+	}
 	if err := fs.Parse(args); err != nil {
 		return cfg, nil, err
 	}
@@ -185,6 +183,9 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	default:
 		return cfg, nil, fmt.Errorf("-log-format %q: want json or text", format)
 	}
+	for _, k := range unknownEnv {
+		cfg.Logger.Warn("unknown environment variable ignored: no flag reads it; check its spelling (see -help)", "variable", k)
+	}
 	switch {
 	case cfg.MaxTTL < time.Second:
 		return cfg, nil, fmt.Errorf("-max-ttl %v: must be at least 1s", cfg.MaxTTL)
@@ -194,10 +195,14 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		return cfg, nil, errors.New("-tls-cert and -tls-key go together")
 	case cfg.TLSClientCA != "" && cfg.TLSCert == "":
 		return cfg, nil, errors.New("-tls-client-ca needs -tls-cert and -tls-key")
+	case cfg.TLSIdentityFromCN && cfg.TLSClientCA == "":
+		return cfg, nil, errors.New("-tls-identity-from-cn needs -tls-client-ca: without mutual TLS there are no client certificates")
 	case cfg.AuthTokens != "" && cfg.AuthPolicy == "":
 		return cfg, nil, errors.New("-auth-tokens needs -auth-policy")
 	case cfg.MaxRecvMsgSize < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 || cfg.MaxWaitersPerLock < 0 || cfg.MaxLocksPerIdentity < 0 || cfg.MaxWait < 0 || cfg.KeepaliveMinTime < 0:
 		return cfg, nil, errors.New("-max-recv-msg-size, -rate-limit, -rate-burst, -max-waiters-per-lock, -max-locks-per-identity, -max-wait and -keepalive-min-time must not be negative")
+	case cfg.MaxWatchStreams < 0 || cfg.MaxHoldStreams < 0 || cfg.MaxConnections < 0 || cfg.MaxConnectionIdle < 0:
+		return cfg, nil, errors.New("-max-watch-streams-per-caller, -max-hold-streams-per-caller, -max-connections and -max-connection-idle must not be negative")
 	case cfg.AuthReloadInterval <= 0:
 		return cfg, nil, fmt.Errorf("-auth-reload-interval %v: must be positive", cfg.AuthReloadInterval)
 	case cfg.EtcdQuotaBackendBytes < 0:

@@ -274,6 +274,10 @@ func TestBadFlagsExitWithUsageError(t *testing.T) {
 		{"--etcd-auto-compaction-retention", "soon"},
 		{"--etcd-auto-compaction-mode", "revision", "--etcd-auto-compaction-retention", "5m"},
 		{"--etcd-quota-backend-bytes", "-1"},
+		{"--tls-identity-from-cn"},
+		{"--max-connections", "-1"},
+		{"--max-connection-idle", "-1s"},
+		{"--max-hold-streams-per-caller", "x"},
 	} {
 		out, err := exec.Command(binary, args...).CombinedOutput()
 		var ee *exec.ExitError

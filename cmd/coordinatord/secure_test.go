@@ -45,7 +45,7 @@ func TestDaemonMutualTLSAndPolicyReloadOnSIGHUP(t *testing.T) {
 	p := startDaemon(t, "--data-dir", filepath.Join(dir, "data"), "--tls-cert", cert, "--tls-key", key,
 		"--tls-client-ca", caFile, "--auth-policy", policy, "--auth-reload-interval", "1h")
 
-	teamA := ca.Issue(testpki.Leaf{CN: "team-a"})
+	teamA := ca.Issue(testpki.Leaf{DNS: []string{"team-a"}})
 	conn := tlsClient(t, p.addr, ca, &teamA)
 	lc := coordinatorv1.NewLockServiceClient(conn)
 	acquire := func(name string) error {

@@ -120,7 +120,9 @@ func (p *Policy) MayResource(id, resource string) bool {
 // not reveal the tokens.
 type Tokens map[[sha256.Size]byte]string
 
-// ParseTokens reads a token file.
+// ParseTokens reads a token file. Its errors name the line number, never
+// the line: a line may hold a raw token pasted by mistake, and errors end up
+// in logs.
 func ParseTokens(b []byte) (Tokens, error) {
 	t := Tokens{}
 	sc := bufio.NewScanner(bytes.NewReader(b))
@@ -135,7 +137,7 @@ func ParseTokens(b []byte) (Tokens, error) {
 		}
 		raw, err := hex.DecodeString(f[1])
 		if err != nil || len(raw) != sha256.Size {
-			return nil, fmt.Errorf("authz: tokens line %d: %q is not a hex SHA-256 (64 hex digits)", n, f[1])
+			return nil, fmt.Errorf("authz: tokens line %d: the second field is not a hex SHA-256 (64 hex digits): store the token's hash, never the token", n)
 		}
 		var h [sha256.Size]byte
 		copy(h[:], raw)
@@ -154,16 +156,21 @@ func (t Tokens) Lookup(token string) (string, bool) {
 }
 
 // IdentityFromCert is the identity of a verified client certificate: its
-// first URI SAN (e.g. a SPIFFE ID), else its first DNS SAN, else its subject
-// common name; "" if it has none.
-func IdentityFromCert(c *x509.Certificate) string {
+// first URI SAN (e.g. a SPIFFE ID), else its first DNS SAN; "" if it has
+// neither. The subject common name counts only with fromCN, after both: a CN
+// is free text in the same namespace as the SANs, so without that explicit
+// choice a CA-signed certificate with CN "spiffe://example.org/admin" and no
+// SANs would become that admin.
+func IdentityFromCert(c *x509.Certificate, fromCN bool) string {
 	switch {
 	case len(c.URIs) > 0:
 		return c.URIs[0].String()
 	case len(c.DNSNames) > 0:
 		return c.DNSNames[0]
+	case fromCN:
+		return c.Subject.CommonName
 	}
-	return c.Subject.CommonName
+	return ""
 }
 
 type ctxKey struct{}
@@ -184,10 +191,21 @@ func FromContext(ctx context.Context) (string, bool) {
 type Store struct {
 	policyFile, tokenFile string
 
-	mu     sync.Mutex // serialises reloads
-	stamp  string
-	policy atomic.Pointer[Policy]
-	tokens atomic.Pointer[Tokens]
+	mu       sync.Mutex // serialises reloads
+	stamp    string
+	policy   atomic.Pointer[Policy]
+	tokens   atomic.Pointer[Tokens]
+	onChange []func()
+}
+
+// OnChange registers fn to run after every reload that loaded new files
+// (not at the first load), once the new policy and tokens are in force:
+// the server re-checks its open streams there. fn runs on the reloading
+// goroutine, with reloads held off: it must not call Reload.
+func (s *Store) OnChange(fn func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onChange = append(s.onChange, fn)
 }
 
 // NewStore loads policyFile (required) and tokenFile (optional).
@@ -251,6 +269,9 @@ func (s *Store) reload(force bool) (bool, error) {
 	s.policy.Store(p)
 	s.tokens.Store(&t)
 	s.stamp = stamp
+	for _, fn := range s.onChange {
+		fn()
+	}
 	return true, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,6 +91,29 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
+// A token-file error names the line, never its content: a raw token pasted
+// by mistake must not reach the logs.
+func TestTokenFileErrorsNameTheLineNotItsContent(t *testing.T) {
+	const secret = "raw-secret-token-0123456789"
+	for _, tc := range []struct {
+		file string
+		line string
+	}{
+		{"# comment\n\nalice " + secret + "\n", "line 3"},
+		{"alice " + hash("x") + "\nbob " + secret + " extra\n", "line 2"},
+		{secret + "\n", "line 1"},
+		{"alice " + hash("x") + "\n" + secret + " " + hash("x") + "\n", "line 2"},
+	} {
+		_, err := authz.ParseTokens([]byte(tc.file))
+		if err == nil {
+			t.Fatalf("ParseTokens(%q): no error", tc.file)
+		}
+		if !strings.Contains(err.Error(), tc.line) || strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "alice") || strings.Contains(err.Error(), "bob") {
+			t.Errorf("ParseTokens error %q: want %q and no content of the file", err, tc.line)
+		}
+	}
+}
+
 func hash(tok string) string { s := sha256.Sum256([]byte(tok)); return hex.EncodeToString(s[:]) }
 
 func TestTokens(t *testing.T) {
@@ -115,11 +139,24 @@ func TestIdentityFromCertOrder(t *testing.T) {
 	}{
 		{x509.Certificate{URIs: []*url.URL{u}, DNSNames: []string{"a.example"}, Subject: pkix.Name{CommonName: "cn"}}, "spiffe://example.org/team-a"},
 		{x509.Certificate{DNSNames: []string{"a.example", "b.example"}, Subject: pkix.Name{CommonName: "cn"}}, "a.example"},
-		{x509.Certificate{Subject: pkix.Name{CommonName: "cn"}}, "cn"},
+		{x509.Certificate{Subject: pkix.Name{CommonName: "cn"}}, ""},
+		{x509.Certificate{Subject: pkix.Name{CommonName: "spiffe://example.org/admin"}}, ""},
 		{x509.Certificate{}, ""},
 	} {
-		if got := authz.IdentityFromCert(&tc.c); got != tc.want {
+		if got := authz.IdentityFromCert(&tc.c, false); got != tc.want {
 			t.Errorf("IdentityFromCert = %q, want %q", got, tc.want)
+		}
+	}
+	// The CN only with the explicit choice, and only after both SANs.
+	for _, tc := range []struct {
+		c    x509.Certificate
+		want string
+	}{
+		{x509.Certificate{Subject: pkix.Name{CommonName: "cn"}}, "cn"},
+		{x509.Certificate{DNSNames: []string{"a.example"}, Subject: pkix.Name{CommonName: "cn"}}, "a.example"},
+	} {
+		if got := authz.IdentityFromCert(&tc.c, true); got != tc.want {
+			t.Errorf("IdentityFromCert(fromCN) = %q, want %q", got, tc.want)
 		}
 	}
 }

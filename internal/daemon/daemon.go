@@ -80,6 +80,10 @@ type Config struct {
 	// every client must present a certificate that chains to it (mutual
 	// TLS). The files are re-read when they change.
 	TLSCert, TLSKey, TLSClientCA string
+	// TLSIdentityFromCN identifies a client certificate without URI or DNS
+	// SANs by its subject CN (see authz.IdentityFromCert); off, such a
+	// certificate names no identity.
+	TLSIdentityFromCN bool
 
 	// AuthPolicy, if set, is the authorization policy file (JSON, see
 	// authz.Policy): every call but health and reflection then needs an
@@ -110,6 +114,10 @@ type Config struct {
 	MaxWaitersPerLock    int64         // waiters per lock
 	MaxLocksPerIdentity  int64         // locks held or awaited per authenticated identity (needs AuthPolicy)
 	MaxWait              time.Duration // queue wait of an Acquire
+	MaxWatchStreams      int           // concurrent Watch streams per caller (identity, else IP)
+	MaxHoldStreams       int           // concurrent Hold streams per caller (identity, else IP)
+	MaxConnections       int           // open client connections on the gRPC listener
+	MaxConnectionIdle    time.Duration // a connection without calls this long is sent GOAWAY
 }
 
 // readyService is the gRPC health service name that follows etcd's
@@ -211,7 +219,11 @@ func Run(ctx context.Context, cfg Config) error {
 		if store, err = authz.NewStore(cfg.AuthPolicy, cfg.AuthTokens); err != nil {
 			return err
 		}
-		u, st := server.AuthInterceptors(store)
+		var authOpts []server.AuthOption
+		if cfg.TLSIdentityFromCN {
+			authOpts = append(authOpts, server.WithIdentityFromCN())
+		}
+		u, st := server.AuthInterceptors(store, authOpts...)
 		srvOpts = append(srvOpts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{u}, []grpc.StreamServerInterceptor{st}))
 		log.Info("authorization on", "policy", cfg.AuthPolicy, "tokens", cfg.AuthTokens)
 	} else if cfg.AuthTokens != "" {
@@ -222,6 +234,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.RateLimit > 0 {
 		u, st := server.RateLimit(cfg.RateLimit, max(cfg.RateBurst, 1))
 		srvOpts = append(srvOpts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{u}, []grpc.StreamServerInterceptor{st}))
+	}
+	if cfg.MaxWatchStreams > 0 || cfg.MaxHoldStreams > 0 {
+		caps := server.StreamCaps{MaxWatch: cfg.MaxWatchStreams, MaxHold: cfg.MaxHoldStreams}
+		srvOpts = append(srvOpts, server.WithInnerInterceptors(nil, []grpc.StreamServerInterceptor{caps.Interceptor()}))
 	}
 	limits := server.Limits{MaxWaiters: cfg.MaxWaitersPerLock, MaxWait: cfg.MaxWait, QueueLen: mgr.QueueLen,
 		MaxLocksPerIdentity: cfg.MaxLocksPerIdentity}
@@ -235,6 +251,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.KeepaliveMinTime > 0 {
 		srvOpts = append(srvOpts, server.WithServerOptions(grpc.KeepaliveEnforcementPolicy(
 			keepalive.EnforcementPolicy{MinTime: cfg.KeepaliveMinTime, PermitWithoutStream: true})))
+	}
+	if cfg.MaxConnectionIdle > 0 {
+		srvOpts = append(srvOpts, server.WithServerOptions(grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.MaxConnectionIdle})))
 	}
 	gs, hs := server.NewGRPCServer(server.NewLockService(mgr, val, log), log, srvOpts...)
 	metrics.Initialize(gs)
@@ -259,6 +278,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("listen on %q: %w", cfg.Listen, err)
 	}
+	lis = server.LimitConnections(lis, cfg.MaxConnections)
+	// SIGHUP is caught from here on, whether or not there is anything to
+	// reload: its default action would kill the daemon without a graceful
+	// stop (exit 129).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	log.Info("coordinatord serving", "addr", lis.Addr().String(), "etcd", endpoints, "key_prefix", mgr.Keyspace().Prefix())
 	if cfg.OnListen != nil {
 		cfg.OnListen(lis.Addr())
@@ -290,7 +316,7 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			return fmt.Errorf("listen on %q (--health-listen): %w", cfg.HealthListen, err)
 		}
-		hgs = grpc.NewServer()
+		hgs = grpc.NewServer(grpc.MaxHeaderListSize(server.MaxHeaderListSize))
 		healthpb.RegisterHealthServer(hgs, hs)
 		reflection.Register(hgs) // so that grpcurl needs no .proto files here either
 		log.Info("plaintext gRPC health serving", "addr", hlis.Addr().String())
@@ -330,9 +356,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		return nil
 	})
-	if store != nil {
-		g.Go(func() error { reloadAuth(gctx, store, cfg.AuthReloadInterval, log); return nil })
-	}
+	g.Go(func() error { reloadAuth(gctx, store, cfg.AuthReloadInterval, hup, log); return nil })
 	g.Go(func() error {
 		<-gctx.Done()
 		log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
@@ -369,17 +393,19 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // reloadAuth re-reads the policy and token files when they change (polled
-// every interval) and on SIGHUP, until ctx ends. A file that does not load
-// is logged and the previous version stays in force.
-func reloadAuth(ctx context.Context, store *authz.Store, interval time.Duration, log *slog.Logger) {
+// every interval) and on a signal from hup, until ctx ends. A file that does
+// not load is logged and the previous version stays in force. Without a
+// store (no --auth-policy) a signal is logged and changes nothing.
+func reloadAuth(ctx context.Context, store *authz.Store, interval time.Duration, hup <-chan os.Signal, log *slog.Logger) {
 	if interval <= 0 {
 		interval = 5 * time.Second
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	t := time.NewTicker(interval)
-	defer t.Stop()
+	var tick <-chan time.Time
+	if store != nil {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		tick = t.C
+	}
 	for {
 		var (
 			changed bool
@@ -389,15 +415,19 @@ func reloadAuth(ctx context.Context, store *authz.Store, interval time.Duration,
 		case <-ctx.Done():
 			return
 		case <-hup:
+			if store == nil {
+				log.Info("SIGHUP: nothing to reload (no --auth-policy); still serving")
+				continue
+			}
 			changed, err = store.Reload()
-		case <-t.C:
+		case <-tick:
 			changed, err = store.ReloadIfChanged()
 		}
 		switch {
 		case err != nil:
 			log.Error("authorization files do not load; the previous policy stays in force", "err", err)
 		case changed:
-			log.Info("authorization files reloaded")
+			log.Info("authorization files reloaded; streams of revoked identities ended")
 		}
 	}
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"strings"
+	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -46,27 +47,52 @@ type (
 	resource interface{ GetResource() string }
 )
 
+// AuthOption configures AuthInterceptors.
+type AuthOption func(*authConfig)
+
+type authConfig struct{ fromCN bool }
+
+// WithIdentityFromCN identifies a client certificate that has neither a URI
+// nor a DNS SAN by its subject common name (-tls-identity-from-cn). Off by
+// default: a CN is free text in the namespace of the SANs (see
+// authz.IdentityFromCert).
+func WithIdentityFromCN() AuthOption { return func(c *authConfig) { c.fromCN = true } }
+
 // AuthInterceptors authenticate every call (except health and reflection)
 // and authorize every request message against the store's current policy.
 //
 // Identity: the verified client certificate (authz.IdentityFromCert: URI
-// SAN, then DNS SAN, then CN) if the connection has one; otherwise the
-// bearer token of the "authorization: Bearer <token>" metadata, looked up in
-// the token file. Never a request field. No identity: UNAUTHENTICATED.
+// SAN, then DNS SAN, then the CN only WithIdentityFromCN) if the connection
+// has one; otherwise the bearer token of the "authorization: Bearer <token>"
+// metadata (the scheme in any case), looked up in the token file. Never a
+// request field. No identity: UNAUTHENTICATED.
 //
 // Authorization, per request message (each message of a stream): a GetName()
 // must be a lock name the identity may use, a GetPrefix() a prefix it may
 // List (refused, not filtered), a non-empty GetResource() a resource it may
 // use; the AnyKnownIdentity methods (sessions) need an identity the policy
 // names; a message with none of these, and the AdminOnly methods, need an
-// admin. Hold streams are checked by the name of their first message. Otherwise PERMISSION_DENIED, before the handler runs: nothing about
-// the lock is read or revealed.
-func AuthInterceptors(store *authz.Store) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+// admin. Hold streams are checked by the name of their first message.
+// Otherwise PERMISSION_DENIED, before the handler runs: nothing about the
+// lock is read or revealed.
+//
+// Revocation: every open stream is checked again whenever the store loads
+// changed files; one whose credential no longer names its identity ends with
+// UNAUTHENTICATED, one its identity may no longer use with
+// PERMISSION_DENIED (reason IDENTITY_REVOKED), so a revoked identity keeps
+// no Hold or Watch stream past the next reload.
+func AuthInterceptors(store *authz.Store, opts ...AuthOption) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	var cfg authConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	open := newOpenStreams()
+	store.OnChange(open.recheck)
 	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if exempt(info.FullMethod) {
 			return h(ctx, req)
 		}
-		id, err := identify(ctx, store)
+		id, err := identify(ctx, store, cfg.fromCN)
 		if err != nil {
 			return nil, err
 		}
@@ -79,25 +105,45 @@ func AuthInterceptors(store *authz.Store) (grpc.UnaryServerInterceptor, grpc.Str
 		if exempt(info.FullMethod) {
 			return h(srv, ss)
 		}
-		id, err := identify(ss.Context(), store)
+		id, err := identify(ss.Context(), store, cfg.fromCN)
 		if err != nil {
 			return err
 		}
 		if AdminOnly[info.FullMethod] && !store.Policy().IsAdmin(id) {
 			return denied(id, "may not call "+info.FullMethod+" (admins only)")
 		}
-		return h(srv, &authStream{ServerStream: ss, ctx: withLockScope(authz.NewContext(ss.Context(), id), store, id), id: id, method: info.FullMethod, store: store})
+		as := newAuthStream(ss, id, info.FullMethod, store, cfg)
+		open.add(as)
+		defer open.remove(as)
+		err = h(srv, as)
+		if r := as.revocation(); r != nil {
+			return r
+		}
+		return err
 	}
 	return unary, stream
 }
 
-// authStream checks every message the client sends.
+// authStream checks every message the client sends, and remembers the
+// first, the one that names what the stream is for, to check it again on a
+// policy change.
 type authStream struct {
 	grpc.ServerStream
 	ctx    context.Context
+	cancel context.CancelCauseFunc
 	id     string
 	method string
 	store  *authz.Store
+	cfg    authConfig
+
+	mu      sync.Mutex
+	first   any   // the first message received, once authorized
+	revoked error // the status that ended the stream, once revoked
+}
+
+func newAuthStream(ss grpc.ServerStream, id, method string, store *authz.Store, cfg authConfig) *authStream {
+	ctx, cancel := context.WithCancelCause(withLockScope(authz.NewContext(ss.Context(), id), store, id))
+	return &authStream{ServerStream: ss, ctx: ctx, cancel: cancel, id: id, method: method, store: store, cfg: cfg}
 }
 
 func (s *authStream) Context() context.Context { return s.ctx }
@@ -106,16 +152,28 @@ func (s *authStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	return authorize(s.store.Policy(), s.id, s.method, m)
+	if err := authorize(s.store.Policy(), s.id, s.method, m); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.first == nil {
+		s.first = m
+	}
+	s.mu.Unlock()
+	return nil
 }
 
-func identify(ctx context.Context, store *authz.Store) (string, error) {
+func identify(ctx context.Context, store *authz.Store, fromCN bool) (string, error) {
 	if p, ok := peer.FromContext(ctx); ok {
 		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
-			if id := authz.IdentityFromCert(ti.State.VerifiedChains[0][0]); id != "" {
+			if id := authz.IdentityFromCert(ti.State.VerifiedChains[0][0], fromCN); id != "" {
 				return id, nil
 			}
-			return "", status.Error(codes.Unauthenticated, "the client certificate names no identity (no URI SAN, DNS SAN or CN)")
+			if fromCN {
+				return "", status.Error(codes.Unauthenticated, "the client certificate names no identity (no URI SAN, DNS SAN or CN)")
+			}
+			return "", status.Error(codes.Unauthenticated, "the client certificate names no identity: it has no URI SAN (e.g. a SPIFFE ID) or DNS SAN; "+
+				"issue it with one (its subject CN counts only with --tls-identity-from-cn)")
 		}
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
@@ -123,7 +181,7 @@ func identify(ctx context.Context, store *authz.Store) (string, error) {
 	if len(vals) == 0 {
 		return "", status.Error(codes.Unauthenticated, "no client certificate and no bearer token: present a client certificate or the metadata \"authorization: Bearer <token>\"")
 	}
-	tok, ok := strings.CutPrefix(vals[0], "Bearer ")
+	tok, ok := bearerToken(vals[0])
 	if !ok || len(vals) > 1 {
 		return "", status.Error(codes.Unauthenticated, "malformed authorization metadata: want exactly one \"Bearer <token>\"")
 	}
@@ -132,6 +190,17 @@ func identify(ctx context.Context, store *authz.Store) (string, error) {
 		return "", status.Error(codes.Unauthenticated, "unknown bearer token")
 	}
 	return id, nil
+}
+
+// bearerToken is the token of an "authorization" value "Bearer <token>";
+// the scheme is case-insensitive (RFC 9110, section 11.1), so "bearer" and
+// "BEARER" are the same.
+func bearerToken(v string) (string, bool) {
+	scheme, tok, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
+		return "", false
+	}
+	return tok, true
 }
 
 func denied(id, what string) error {

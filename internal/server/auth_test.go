@@ -58,8 +58,10 @@ func authStore(t *testing.T, policy string, tokenIDs ...string) (*authz.Store, s
 	return s, pf
 }
 
-func authOption(s *authz.Store) server.Option {
-	u, st := server.AuthInterceptors(s)
+func authOption(s *authz.Store) server.Option { return authOptionWith(s) }
+
+func authOptionWith(s *authz.Store, opts ...server.AuthOption) server.Option {
+	u, st := server.AuthInterceptors(s, opts...)
 	return server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{u}, []grpc.StreamServerInterceptor{st})
 }
 
@@ -68,15 +70,16 @@ func TestAuthorizationMatrix(t *testing.T) {
 	store, _ := authStore(t, testPolicy)
 	e := newEnvWith(t, []server.Option{tlsServer(t, ca, true), authOption(store)})
 
-	// The identity comes from the URI SAN, else the DNS SAN, else the CN.
+	// The identity comes from the URI SAN, else the DNS SAN (never the CN by
+	// default: TestCertificateCNIsNoIdentityByDefault).
 	client := func(l testpki.Leaf) coordinatorv1.LockServiceClient {
 		return e.dialWith(withTLS(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Issue(l).TLS()}}))
 	}
 	callers := map[string]coordinatorv1.LockServiceClient{
 		"a":        client(testpki.Leaf{CN: "ops", DNS: []string{"b.example"}, URIs: []string{"spiffe://test/team-a"}}),
 		"b":        client(testpki.Leaf{CN: "ops", DNS: []string{"b.example"}}),
-		"ops":      client(testpki.Leaf{CN: "ops"}),
-		"stranger": client(testpki.Leaf{CN: "stranger"}),
+		"ops":      client(testpki.Leaf{CN: "stranger", DNS: []string{"ops"}}),
+		"stranger": client(testpki.Leaf{CN: "ops", DNS: []string{"stranger"}}),
 	}
 	ops := callers["ops"]
 	held := map[string]*coordinatorv1.AcquireResponse{}
@@ -285,6 +288,75 @@ func TestBearerTokensAndExemptServices(t *testing.T) {
 			t.Fatalf("after reload, a removed prefix: %v", err)
 		}
 	})
+}
+
+// A CA-signed certificate whose subject CN is an admin's SPIFFE ID, and
+// which has no SANs, is not that admin: by default it names no identity
+// (UNAUTHENTICATED); its CN counts only with WithIdentityFromCN.
+func TestCertificateCNIsNoIdentityByDefault(t *testing.T) {
+	const admin = "spiffe://test/admin"
+	store, _ := authStore(t, `{"admins": ["`+admin+`"], "identities": {"cn-only": {"lock_prefixes": ["c/"]}}}`)
+	ca := testpki.NewCA("coordinatord test CA")
+	dial := func(e *env, l testpki.Leaf) coordinatorv1.LockServiceClient {
+		return e.dialWith(withTLS(&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Issue(l).TLS()}}))
+	}
+	forceRelease := func(lc coordinatorv1.LockServiceClient) error {
+		_, err := lc.ForceRelease(ctxT(t, 10*time.Second), &coordinatorv1.ForceReleaseRequest{Name: "x", Token: 1})
+		return err
+	}
+	list := func(lc coordinatorv1.LockServiceClient) error {
+		_, err := lc.List(ctxT(t, 10*time.Second), &coordinatorv1.ListRequest{})
+		return err
+	}
+
+	byDefault := newEnvWith(t, []server.Option{tlsServer(t, ca, true), authOption(store)})
+	fromCN := newEnvWith(t, []server.Option{tlsServer(t, ca, true), authOptionWith(store, server.WithIdentityFromCN())})
+	for _, tc := range []struct {
+		name string
+		e    *env
+		leaf testpki.Leaf
+		call func(coordinatorv1.LockServiceClient) error
+		want codes.Code
+	}{
+		{"CN of the admin, no SANs: ForceRelease", byDefault, testpki.Leaf{CN: admin}, forceRelease, codes.Unauthenticated},
+		{"CN of the admin, no SANs: List", byDefault, testpki.Leaf{CN: admin}, list, codes.Unauthenticated},
+		{"CN of the admin, a DNS SAN of a stranger", byDefault, testpki.Leaf{CN: admin, DNS: []string{"stranger.example"}}, list, codes.PermissionDenied},
+		{"URI SAN of the admin", byDefault, testpki.Leaf{URIs: []string{admin}}, list, codes.OK},
+		{"with -tls-identity-from-cn: CN of the admin", fromCN, testpki.Leaf{CN: admin}, list, codes.OK},
+		{"with -tls-identity-from-cn: a SAN still wins", fromCN, testpki.Leaf{CN: admin, DNS: []string{"stranger.example"}}, list, codes.PermissionDenied},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.call(dial(tc.e, tc.leaf)); code(err) != tc.want {
+				t.Fatalf("%v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// The authorization scheme is case-insensitive (RFC 9110, 11.1).
+func TestBearerSchemeInAnyCase(t *testing.T) {
+	store, _ := authStore(t, testPolicy, "b.example")
+	e := newEnvWith(t, []server.Option{authOption(store)})
+	for _, tc := range []struct {
+		value string
+		want  codes.Code
+	}{
+		{"Bearer tok-b.example", codes.OK},
+		{"bearer tok-b.example", codes.OK},
+		{"BEARER tok-b.example", codes.OK},
+		{"bEaReR tok-b.example", codes.OK},
+		{"Bearer", codes.Unauthenticated},
+		{"Bearer ", codes.Unauthenticated},
+		{"Bearertok-b.example", codes.Unauthenticated},
+		{"Basic tok-b.example", codes.Unauthenticated},
+	} {
+		t.Run(tc.value, func(t *testing.T) {
+			ctx := metadata.AppendToOutgoingContext(ctxT(t, 10*time.Second), "authorization", tc.value)
+			if _, err := e.lc.Describe(ctx, &coordinatorv1.DescribeRequest{Name: "b/1"}); code(err) != tc.want {
+				t.Fatalf("authorization %q: %v, want %v", tc.value, err, tc.want)
+			}
+		})
+	}
 }
 
 // fakeStream feeds one request message to a stream handler.

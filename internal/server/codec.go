@@ -1,8 +1,13 @@
 package server
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"sync"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -10,13 +15,20 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
-// codec is the proto codec with one difference: a request whose string
-// fields hold invalid UTF-8 still reaches the handler, which refuses it with
-// INVALID_ARGUMENT naming the field. grpc-go would otherwise answer Internal
-// ("error unmarshalling request") and name nothing.
-type codec struct{ encoding.CodecV2 }
+// codec is the proto codec with two differences, both so that bad input
+// gets INVALID_ARGUMENT through the interceptors (logged and counted in the
+// request metrics) where grpc-go would answer INTERNAL ("error unmarshalling
+// request") before any interceptor runs:
+//   - a request whose string fields hold invalid UTF-8 still reaches the
+//     handler, which refuses it naming the field;
+//   - a request that is not protobuf at all decodes as an empty message
+//     recorded in bad, which the malformed interceptors refuse.
+type codec struct {
+	encoding.CodecV2
+	bad *badMessages
+}
 
-func newCodec() codec { return codec{encoding.GetCodecV2("proto")} }
+func newCodec() codec { return codec{CodecV2: encoding.GetCodecV2("proto"), bad: &badMessages{}} }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	err := c.CodecV2.Unmarshal(data, v)
@@ -28,9 +40,59 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	defer buf.Free()
 	proto.Reset(m)
 	if lerr := lenient(buf.ReadOnlyData(), m.ProtoReflect()); lerr != nil {
-		return err
+		proto.Reset(m)
+		c.bad.put(m, err)
 	}
 	return nil
+}
+
+// badMessages hands the messages that did not decode from the codec to the
+// interceptors, keyed by the message itself: grpc-go decodes a unary request
+// and then always runs the interceptor chain with it, and a stream message
+// is decoded inside the RecvMsg that the stream interceptor wraps, so every
+// entry is taken right after it is put.
+type badMessages struct{ m sync.Map } // proto.Message -> error
+
+func (b *badMessages) put(m proto.Message, err error) { b.m.Store(m, err) }
+
+// take returns INVALID_ARGUMENT (reason MALFORMED_MESSAGE) if m did not
+// decode, and forgets it.
+func (b *badMessages) take(m any) error {
+	v, ok := b.m.LoadAndDelete(m)
+	if !ok {
+		return nil
+	}
+	name := string(m.(proto.Message).ProtoReflect().Descriptor().FullName())
+	return withReason(codes.InvalidArgument,
+		fmt.Sprintf("the request is not a valid protobuf encoding of %s (%v); send a message built by a protobuf library", name, v),
+		"MALFORMED_MESSAGE", map[string]string{"message": name})
+}
+
+// interceptors refuse requests that did not decode, before authentication
+// (which would judge an empty message) and after metrics and logging.
+func (b *badMessages) interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	unary := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if err := b.take(req); err != nil {
+			return nil, err
+		}
+		return h(ctx, req)
+	}
+	stream := func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		return h(srv, &badMessageStream{ServerStream: ss, bad: b})
+	}
+	return unary, stream
+}
+
+type badMessageStream struct {
+	grpc.ServerStream
+	bad *badMessages
+}
+
+func (s *badMessageStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return s.bad.take(m)
 }
 
 var errWire = errors.New("malformed wire data")

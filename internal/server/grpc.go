@@ -23,11 +23,20 @@ import (
 // (-max-recv-msg-size).
 const flowWindow = 1 << 20
 
+// MaxHeaderListSize bounds the request headers (metadata) gRPC parses
+// before any interceptor, authentication included: 16 KiB, far above what
+// a call carries (a bearer token, a deadline, a user agent), where gRPC's
+// default of 16 MiB let 20 unauthenticated requests cost 227 MB. A request
+// beyond it is reset (RST_STREAM) without reaching a handler.
+// Every gRPC server of the daemon should set it (grpc.MaxHeaderListSize).
+const MaxHeaderListSize = 16 << 10
+
 // NewGRPCServer returns a gRPC server with the LockService, the standard
 // health service (returned so the caller can flip it) and reflection
 // registered. Interceptors run in the order of docs/CONTRIBUTING.md: the
-// outer ones (metrics), logging, the inner ones (auth, limits), then panic
-// recovery (last, closest to the handler).
+// outer ones (metrics), logging, the refusal of requests that are not
+// protobuf (see codec), the inner ones (auth, limits), then panic recovery
+// (last, closest to the handler).
 func NewGRPCServer(svc *LockService, log *slog.Logger, opts ...Option) (*grpc.Server, *health.Server) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -41,22 +50,25 @@ func NewGRPCServer(svc *LockService, log *slog.Logger, opts ...Option) (*grpc.Se
 		log.ErrorContext(ctx, "handler panic", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error; the coordinator logged the cause")
 	})}
+	c := newCodec()
+	badUnary, badStream := c.bad.interceptors()
 	unary := append(append(append(o.outerUnary,
-		lazyLogging(log, logging.UnaryServerInterceptor(interceptorLogger(log), logOpts...))),
+		lazyLogging(log, logging.UnaryServerInterceptor(interceptorLogger(log), logOpts...)), badUnary),
 		o.innerUnary...),
 		recovery.UnaryServerInterceptor(recOpts...))
 	stream := append(append(append(o.outerStream,
-		logging.StreamServerInterceptor(interceptorLogger(log), logOpts...)),
+		logging.StreamServerInterceptor(interceptorLogger(log), logOpts...), badStream),
 		o.innerStream...),
 		recovery.StreamServerInterceptor(recOpts...))
 	all := append([]grpc.ServerOption{
-		grpc.ForceServerCodecV2(newCodec()),
+		grpc.ForceServerCodecV2(c),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 		// Fixed flow-control windows turn off the bandwidth estimator's
 		// pings (a packet each way for most requests; messages here are
 		// small).
 		grpc.InitialWindowSize(flowWindow), grpc.InitialConnWindowSize(flowWindow),
+		grpc.MaxHeaderListSize(MaxHeaderListSize),
 	}, o.grpc...)
 	gs := grpc.NewServer(all...)
 	coordinatorv1.RegisterLockServiceServer(gs, svc)

@@ -22,13 +22,39 @@ func (s *LockService) Hold(stream coordinatorv1.LockService_HoldServer) error {
 	const method = "Hold"
 	ctx := stream.Context()
 	as := callOptions(ctx)
-	first, err := stream.Recv()
-	if err != nil {
+	// The receive loop runs in its own goroutine (gRPC offers no other way
+	// to wait for a message and an event at once); it ends when the stream
+	// does, which returning from this handler guarantees. Every wait below
+	// also ends with ctx: an interceptor may end the stream (a revoked
+	// identity) while the client sends nothing.
+	msgs := make(chan *coordinatorv1.HoldRequest)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var first *coordinatorv1.HoldRequest
+	select {
+	case first = <-msgs:
+	case err := <-recvErr:
 		return err
+	case <-ctx.Done():
+		return s.fail(ctx, method, ctx.Err())
 	}
 	var (
 		g                   *lease.Grant
 		releaseOnDisconnect bool
+		err                 error
 	)
 	switch k := first.GetKind().(type) {
 	case *coordinatorv1.HoldRequest_Acquire:
@@ -60,25 +86,6 @@ func (s *LockService) Hold(stream coordinatorv1.LockService_HoldServer) error {
 		return err
 	}
 
-	// The receive loop runs in its own goroutine (gRPC offers no other way
-	// to wait for a message and an event at once); it ends when the stream
-	// does, which returning from this handler guarantees.
-	msgs := make(chan *coordinatorv1.HoldRequest)
-	recvErr := make(chan error, 1)
-	go func() {
-		for {
-			m, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			select {
-			case msgs <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
 	// The end watcher is owned here: cancelled and waited for on return.
 	wctx, cancel := context.WithCancel(ctx)
 	ended := make(chan lease.EndReason, 1)
@@ -102,6 +109,9 @@ func (s *LockService) Hold(stream coordinatorv1.LockService_HoldServer) error {
 				return nil
 			}
 			return err
+		case <-ctx.Done():
+			s.disconnected(g, releaseOnDisconnect, as)
+			return s.fail(ctx, method, ctx.Err())
 		case r := <-ended:
 			reason, msg := coordinatorv1.HoldLost_REASON_EXPIRED, "the lease expired: no heartbeat in time; stop working under the lock"
 			switch r {

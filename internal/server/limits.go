@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
@@ -145,9 +146,13 @@ func (l Limits) check(ctx context.Context, r *coordinatorv1.AcquireRequest) erro
 }
 
 // RateLimit returns interceptors that allow each caller rps requests per
-// second with bursts of burst, and answer RESOURCE_EXHAUSTED beyond. The
-// caller is the authenticated identity, or, without authorization, the
-// client's IP address. Health and reflection are not limited.
+// second with bursts of burst, and answer RESOURCE_EXHAUSTED (reason
+// RATE_LIMITED) beyond. The caller is the authenticated identity, or,
+// without authorization, the client's IP address. Opening a stream is one
+// request and so is every further message the client sends on it (each
+// Hold heartbeat renews a lease in etcd, like a KeepAlive call): a message
+// beyond the limit ends the stream with that error. Health and reflection
+// are not limited.
 func RateLimit(rps float64, burst int) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
 	rl := &rateLimiter{rps: rate.Limit(rps), burst: burst, m: map[string]*callerLimit{}}
 	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
@@ -159,14 +164,34 @@ func RateLimit(rps float64, burst int) (grpc.UnaryServerInterceptor, grpc.Stream
 		return h(ctx, req)
 	}
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		if !exempt(info.FullMethod) {
-			if err := rl.allow(ss.Context()); err != nil {
-				return err
-			}
+		if exempt(info.FullMethod) {
+			return h(srv, ss)
 		}
-		return h(srv, ss)
+		if err := rl.allow(ss.Context()); err != nil {
+			return err
+		}
+		return h(srv, &rateStream{ServerStream: ss, rl: rl})
 	}
 	return unary, stream
+}
+
+// rateStream counts every message after the first against the rate limit
+// (the first is the stream's opening, counted already).
+type rateStream struct {
+	grpc.ServerStream
+	rl       *rateLimiter
+	received bool
+}
+
+func (s *rateStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if !s.received {
+		s.received = true
+		return nil
+	}
+	return s.rl.allow(s.Context())
 }
 
 // maxCallers bounds the limiter table; idle callers are dropped beyond it.
@@ -217,7 +242,9 @@ func (r *rateLimiter) allow(ctx context.Context) error {
 	ok = c.lim.AllowN(now, 1)
 	r.mu.Unlock()
 	if !ok {
-		return status.Errorf(codes.ResourceExhausted, "rate limit of %g requests/s (burst %d) exceeded for this caller (--rate-limit); slow down and retry", float64(r.rps), r.burst)
+		return withReason(codes.ResourceExhausted,
+			fmt.Sprintf("rate limit of %g requests/s (burst %d) exceeded for this caller (--rate-limit; every stream message counts); slow down and retry", float64(r.rps), r.burst),
+			"RATE_LIMITED", map[string]string{"limit": strconv.FormatFloat(float64(r.rps), 'g', -1, 64), "burst": strconv.Itoa(r.burst)})
 	}
 	return nil
 }
