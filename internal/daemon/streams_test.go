@@ -17,7 +17,6 @@ import (
 	"github.com/coordinatord/coordinatord/internal/daemon"
 )
 
-
 // The stream caps and the connection cap reach the server.
 func TestStreamAndConnectionCapsAreWired(t *testing.T) {
 	r := run(t, daemon.Config{MaxWatchStreams: 1, MaxConnections: 2})
