@@ -25,6 +25,8 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 	var (
 		fe *lease.FieldError
 		ng *lease.NotGrantedError
+		tw *lease.TooManyWaitersError
+		tl *lease.TooManyLocksError
 	)
 	switch {
 	case errors.As(err, &fe):
@@ -44,8 +46,12 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, lease.ErrMaxHold), errors.Is(err, lease.ErrSessionBusy):
 		return status.Error(codes.FailedPrecondition, err.Error())
-	case errors.Is(err, lease.ErrTooManyLocks):
-		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.As(err, &tw):
+		return withReason(codes.ResourceExhausted, err.Error(), "TOO_MANY_WAITERS",
+			map[string]string{"limit": "max-waiters-per-lock", "maximum": strconv.FormatInt(tw.Limit, 10)})
+	case errors.As(err, &tl):
+		return withReason(codes.ResourceExhausted, err.Error(), "TOO_MANY_LOCKS",
+			map[string]string{"limit": "max-locks-per-identity", "maximum": strconv.FormatInt(tl.Limit, 10)})
 	case errors.Is(err, lease.ErrCompacted):
 		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, lease.ErrShuttingDown), errors.Is(err, lease.ErrUnavailable):
