@@ -49,7 +49,6 @@ type acquireOptions struct {
 	// sessionHandle is resolved to session by Acquire.
 	sessionHandle string
 	identity      string // WithIdentity
-	ownedLimit    int64  // WithOwnedLimit
 }
 
 // AcquireOption configures one Acquire.
@@ -221,6 +220,13 @@ const maxRejoins = 2
 func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOptions, rejoins int) (*attempt, *Grant, error) {
 	start := m.now()
 	a := &attempt{name: name, queue: m.ks.Queue(name)}
+	sl := m.slotsFor(name, o)
+	if full, err := m.stillFull(ctx, sl); err != nil || full != nil {
+		if err != nil {
+			return nil, nil, m.etcdErr(parent, "count limit slots", err)
+		}
+		return nil, nil, m.refusal(a, o, sl, full, func() int64 { return m.holderToken(ctx, a.queue) })
+	}
 	// refreshed, if not nil, delivers the refresh of a recycled lease, which
 	// runs alongside the join (a recycled lease was pooled less than half
 	// its TTL ago, so it lives; refreshed, it is as good as a new one).
@@ -295,7 +301,6 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 
 	// Commit the join, claiming a free slot of each limit (limits.go): a
 	// slot lost to a concurrent join is picked again among the free ones.
-	sl := m.slotsFor(name, o)
 	var (
 		held  record
 		res   txnRes
@@ -310,6 +315,9 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 			break
 		}
 		if full := sl.repick(res.resps[shape.slotReads():]); full != nil || round == maxSlotRounds {
+			if full != nil {
+				m.full.saw(full.prefix, m.now())
+			}
 			m.discard(a)
 			return nil, nil, m.refusal(a, o, sl, full, func() int64 { return m.holderToken(ctx, a.queue) })
 		}

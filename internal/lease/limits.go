@@ -1,11 +1,14 @@
 package lease
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -243,4 +246,62 @@ func (m *Manager) slotsDelete(name string, rec record) []clientv3.Op {
 		out = append(out, clientv3.OpDelete(m.ks.ownersOf(rec.Ident)+strconv.FormatInt(rec.OwnedSlot-1, 10)))
 	}
 	return out
+}
+
+// A scope seen full is checked by a read before the next join of it
+// grants a lease: a flood of joins beyond a limit (one identity retrying in
+// a loop, a crowd at a popular lock) then costs one read each, instead of a
+// lease grant, a failed transaction and a revoke (three raft proposals). The
+// read only refuses early; admission is still decided by the transaction.
+// A hint lasts fullHintFor, so a scope that drained is soon joined without
+// the read again.
+const (
+	fullHintFor  = time.Second
+	maxFullHints = 4096
+)
+
+// fullHints remembers when scopes (by slot prefix) were last seen full.
+type fullHints struct {
+	mu sync.Mutex
+	m  map[string]time.Time
+}
+
+func (h *fullHints) saw(prefix string, now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil || len(h.m) >= maxFullHints {
+		h.m = map[string]time.Time{}
+	}
+	h.m[prefix] = now
+}
+
+func (h *fullHints) recent(prefix string, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	at, ok := h.m[prefix]
+	if ok && now.Sub(at) >= fullHintFor {
+		delete(h.m, prefix)
+		return false
+	}
+	return ok
+}
+
+// stillFull returns the first scope of s that was seen full recently and,
+// read now, still is; nil if none (the join then proceeds).
+func (m *Manager) stillFull(ctx context.Context, s slots) (*slotScope, error) {
+	now := m.now()
+	for _, sc := range s.scopes() {
+		if !m.full.recent(sc.prefix, now) {
+			continue
+		}
+		r, err := m.cli.Get(ctx, sc.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return nil, err
+		}
+		if r.Count >= sc.size {
+			sc.taken = r.Count
+			return sc, nil
+		}
+	}
+	return nil, nil
 }

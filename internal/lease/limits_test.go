@@ -251,3 +251,78 @@ func TestMaxLocksPerIdentityIsExactUnderBurstsAcrossReplicas(t *testing.T) {
 	}
 	grants(t, burstSize/5, limit-int(left), false)
 }
+
+// A flood of joins beyond a limit costs reads, not writes: once a scope was
+// seen full, a join reads its occupancy before granting a lease, and is
+// refused without a raft proposal; when the scope drains, joins go through
+// again.
+func TestRefusalsOfAFullScopeProposeNothing(t *testing.T) {
+	ctx := context.Background()
+	raftIndex := func(t *testing.T, cli *clientv3.Client) uint64 {
+		t.Helper()
+		st, err := cli.Status(ctx, cli.Endpoints()[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.RaftIndex
+	}
+	for _, tc := range []struct {
+		name  string
+		opt   Option
+		fill  func(t *testing.T, m *Manager) (drain func())
+		join  func(m *Manager) error
+		error error
+	}{
+		{"waiters per lock", WithMaxWaitersPerLock(1), func(t *testing.T, m *Manager) func() {
+			if _, err := m.Acquire(ctx, "full", WithTTL(time.Minute)); err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { _, err := m.Acquire(wctx, "full", WithTTL(time.Minute)); done <- err }()
+			eventually(t, "one waiter", func() bool { n, err := m.QueueLen(ctx, "full"); return err == nil && n == 2 })
+			return func() { cancel(); <-done }
+		}, func(m *Manager) error {
+			g, err := m.Acquire(ctx, "full", WithTTL(time.Minute), WithWait(50*time.Millisecond))
+			if err == nil {
+				_, _ = m.Release(ctx, "full", g.Token, g.Handle)
+			}
+			return err
+		}, ErrTooManyWaiters},
+		{"locks per identity", WithMaxLocksPerIdentity(1), func(t *testing.T, m *Manager) func() {
+			g, err := m.Acquire(ctx, "mine/1", WithTTL(time.Minute), WithIdentity("a"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return func() { _, _ = m.Release(ctx, g.Name, g.Token, g.Handle) }
+		}, func(m *Manager) error {
+			g, err := m.Acquire(ctx, "mine/2", WithTTL(time.Minute), WithIdentity("a"))
+			if err == nil {
+				_, _ = m.Release(ctx, g.Name, g.Token, g.Handle)
+			}
+			return err
+		}, ErrTooManyLocks},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ms, cli := newReplicas(t, 1, tc.opt)
+			m := ms[0]
+			drain := tc.fill(t, m)
+			if err := tc.join(m); !errors.Is(err, tc.error) {
+				t.Fatalf("the first join beyond the limit: %v, want %v", err, tc.error)
+			}
+			before := raftIndex(t, cli)
+			for range 20 {
+				if err := tc.join(m); !errors.Is(err, tc.error) {
+					t.Fatalf("a join beyond the limit: %v, want %v", err, tc.error)
+				}
+			}
+			if after := raftIndex(t, cli); after != before {
+				t.Errorf("20 refused joins of a scope seen full made %d raft proposals, want 0", after-before)
+			}
+			drain()
+			if err := tc.join(m); errors.Is(err, tc.error) {
+				t.Fatalf("a join once the scope drained: %v", err)
+			}
+		})
+	}
+}

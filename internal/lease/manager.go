@@ -54,6 +54,7 @@ type Manager struct {
 	batch  batcher
 	ka     keepalives
 	grants grantCache
+	full   fullHints // limit scopes seen full (limits.go)
 }
 
 type options struct {
