@@ -188,7 +188,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.MaxHold > 0 {
 		opts = append(opts, lease.WithMaxHoldCap(cfg.MaxHold))
 	}
-	opts = append(opts, lease.WithLockDelayCap(cfg.MaxLockDelay))
+	opts = append(opts, lease.WithLockDelayCap(cfg.MaxLockDelay),
+		// Enforced in the join's etcd transaction: exact across replicas.
+		lease.WithMaxWaitersPerLock(cfg.MaxWaitersPerLock), lease.WithMaxLocksPerIdentity(cfg.MaxLocksPerIdentity))
 	mgr, err := lease.New(cli, opts...)
 	if err != nil {
 		return err
@@ -239,8 +241,7 @@ func Run(ctx context.Context, cfg Config) error {
 		caps := server.StreamCaps{MaxWatch: cfg.MaxWatchStreams, MaxHold: cfg.MaxHoldStreams}
 		srvOpts = append(srvOpts, server.WithInnerInterceptors(nil, []grpc.StreamServerInterceptor{caps.Interceptor()}))
 	}
-	limits := server.Limits{MaxWaiters: cfg.MaxWaitersPerLock, MaxWait: cfg.MaxWait, QueueLen: mgr.QueueLen,
-		MaxLocksPerIdentity: cfg.MaxLocksPerIdentity}
+	limits := server.Limits{MaxWait: cfg.MaxWait}
 	srvOpts = append(srvOpts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{limits.Interceptor()}, []grpc.StreamServerInterceptor{limits.StreamInterceptor()}))
 	if cfg.MaxRecvMsgSize > 0 {
 		srvOpts = append(srvOpts, server.WithServerOptions(grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize)))

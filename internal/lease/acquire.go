@@ -48,7 +48,6 @@ type acquireOptions struct {
 	// sessionHandle is resolved to session by Acquire.
 	sessionHandle string
 	identity      string // WithIdentity
-	ownedLimit    int64  // WithOwnedLimit
 	caller        string // WithCaller
 	given         given  // which grant parameters the caller set (for the request digest)
 }
@@ -150,6 +149,9 @@ type attempt struct {
 	rec     record
 	session bool   // id is a session's lease: withdraw by deleting the key, never revoke
 	pred    string // the immediate predecessor's key when the attempt joined, if known
+	// reqRecord is the encoded request record a request-id join writes.
+	reqRecord string
+	modRev    int64 // the queue key's mod revision as this attempt last wrote or read it, 0 if unknown (withdraw.go)
 
 	refreshed    time.Time // when the lease was refreshed alongside a claim
 	refreshedTTL int64     // its TTL then, 0 if not refreshed
@@ -159,8 +161,11 @@ type attempt struct {
 // *NotGrantedError when the wait elapses first, with ctx's error when ctx
 // ends first, with a *FieldError on bad input (nothing written), with
 // ErrLostWhileWaiting when the waiter's lease ends, and with ErrUnavailable
-// or ErrShuttingDown. Whatever the failure, the caller's queue key is removed
-// (or, if etcd cannot be reached, ends with its lease).
+// or ErrShuttingDown; beyond a limit, with a *TooManyWaitersError or a
+// *TooManyLocksError (limits.go). Whatever the failure, the caller's queue
+// key is removed (or, if etcd cannot be reached, ends with its lease),
+// unless a retry with the same request id may have taken it over
+// (withdraw.go).
 func (m *Manager) Acquire(ctx context.Context, name string, opts ...AcquireOption) (*Grant, error) {
 	o, err := m.acquireOptions(name, opts)
 	if err != nil {
@@ -198,7 +203,7 @@ func (m *Manager) Acquire(ctx context.Context, name string, opts ...AcquireOptio
 // returns a grant when granted at once, else the queued attempt.
 func (m *Manager) start(ctx, parent context.Context, name string, o acquireOptions) (*attempt, *Grant, error) {
 	if o.requestID != "" {
-		a, err := m.resume(ctx, parent, name, o)
+		a, err := m.resumeAdopted(ctx, parent, name, o)
 		if err != nil || a != nil {
 			if a != nil && a.rec.Acquired != 0 {
 				g, err := m.regrant(ctx, parent, a)
@@ -207,35 +212,46 @@ func (m *Manager) start(ctx, parent context.Context, name string, o acquireOptio
 			return a, nil, err
 		}
 	}
-	if err := m.checkOwned(ctx, o); err != nil {
-		return nil, nil, err
-	}
 	return m.join(ctx, parent, name, o)
 }
 
-// join writes a new queue key (and the request record, and the lock-delay
-// key if the lock is free) in one transaction.
+// join writes a new queue key (and the request record, the limit slots,
+// and the lock-delay key if the lock is free) in one transaction.
 func (m *Manager) join(ctx, parent context.Context, name string, o acquireOptions) (*attempt, *Grant, error) {
-	return m.joinWith(ctx, parent, name, o, true)
+	return m.joinWith(ctx, parent, name, o, maxRejoins)
 }
 
-// joinWith is join; recycle allows a pooled lease.
-func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOptions, recycle bool) (*attempt, *Grant, error) {
+// maxRejoins bounds how often a join is redone with a new lease: when a
+// recycled lease turns out gone, and when a fresh lease expired before the
+// join committed (etcd stalled longer than its TTL: a leader crash, say).
+// Beyond, the join answers ErrUnavailable.
+const maxRejoins = 2
+
+// joinWith is join; rejoins is how many more times it may be redone with a
+// new lease (only the first try may use a pooled one).
+func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOptions, rejoins int) (*attempt, *Grant, error) {
 	start := m.now()
 	a := &attempt{name: name, queue: m.ks.Queue(name)}
+	sl := m.slotsFor(name, o)
+	if full, err := m.stillFull(ctx, sl); err != nil || full != nil {
+		if err != nil {
+			return nil, nil, m.etcdErr(parent, "count limit slots", err)
+		}
+		return nil, nil, m.refusal(a, o, sl, full, func() int64 { return m.holderToken(ctx, a.queue) })
+	}
 	// refreshed, if not nil, delivers the refresh of a recycled lease, which
 	// runs alongside the join (a recycled lease was pooled less than half
 	// its TTL ago, so it lives; refreshed, it is as good as a new one).
 	// A recycled lease refreshed very recently is used as it is: the grant
 	// then counts its TTL from that refresh (base).
 	var refreshed chan kaResult
-	base, pooled := start, false
+	base := start
 	if o.session != nil {
 		a.id, a.ttl, a.session = o.session.id, o.session.ttl, true
 	} else {
 		ttlSec := int64((o.ttl + time.Second - 1) / time.Second)
-		if p, ok := m.pool.get(ttlSec, start); ok && recycle {
-			a.id, a.ttl, pooled = p.id, ttlSec, true
+		if p, ok := m.pool.get(ttlSec, start); ok && rejoins == maxRejoins {
+			a.id, a.ttl = p.id, ttlSec
 			if !p.refreshed.IsZero() && start.Sub(p.refreshed) < freshFor(ttlSec) {
 				base = p.refreshed
 			} else {
@@ -268,25 +284,22 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 		}
 	}
 	defer awaitRefresh() // every path waits for the refresh goroutine
-	cleanup := func() { m.withdraw(a) }
 	if o.lockDelay > 0 {
 		dl, err := m.cli.Grant(ctx, a.ttl+int64((o.lockDelay+time.Second-1)/time.Second))
 		if err != nil {
-			cleanup()
+			m.discard(a)
 			return nil, nil, m.etcdErr(parent, "grant lock-delay lease", err)
 		}
 		a.delay = dl.ID
 	}
-	var (
-		sum []byte
-		req requestRecord
-	)
+	var sum []byte
 	switch {
 	case o.session != nil:
 		a.handle, sum = o.session.handle, o.session.hash
 	case o.requestID != "":
-		req = newRequestRecord(a.id, o)
+		req := newRequestRecord(a.id, o)
 		a.handle, sum = req.handle(a.id, o, name)
+		a.reqRecord = req.encode()
 	default:
 		a.handle, sum = newHandle(a.id)
 	}
@@ -299,15 +312,118 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 	if o.requestID != "" {
 		a.rec.Req = m.ks.request(o.caller, name, o.requestID)
 	}
-	if o.identity != "" {
-		a.rec.Ident = identityHash(o.identity)
-	}
-	held := a.rec
-	held.Acquired = a.rec.Since
 
+	// Commit the join, claiming a free slot of each limit (limits.go): a
+	// slot lost to a concurrent join is picked again among the free ones.
+	var (
+		held  record
+		res   txnRes
+		shape joinShape
+	)
+	for round := 1; ; round++ {
+		sl.stamp(&a.rec)
+		held = a.rec
+		held.Acquired = a.rec.Since
+		res, shape = m.joinTxn(ctx, a, o, sl, held)
+		if res.err != nil || res.ok || !shape.nested || shape.guardFailed(res) {
+			break
+		}
+		if full := sl.repick(res.resps[shape.slotReads():]); full != nil || round == maxSlotRounds {
+			if full != nil {
+				m.full.saw(full.prefix, m.now())
+			}
+			m.discard(a)
+			return nil, nil, m.refusal(a, o, sl, full, func() int64 { return m.holderToken(ctx, a.queue) })
+		}
+	}
+	if res.err == nil && !(shape.nested && !res.ok) {
+		a.token, a.modRev = res.rev, res.rev // written at res.rev
+	}
+	awaitRefresh()
+	leaseGone := errors.Is(res.err, rpctypes.ErrLeaseNotFound)
+	if (recycleFailed || leaseGone) && ctx.Err() == nil {
+		if leaseGone {
+			m.discard(a) // refused as a whole: nothing written
+		} else {
+			m.withdraw(a)
+		}
+		if rejoins > 0 {
+			return m.joinWith(ctx, parent, name, o, rejoins-1)
+		}
+		return nil, nil, fmt.Errorf("%w: joining %q: the queue entry's lease expired before etcd committed the join (etcd is slow or changing leader); retry", ErrUnavailable, name)
+	}
+	if err := res.err; err != nil {
+		m.withdraw(a) // the join may have been committed
+		return nil, nil, m.etcdErr(parent, "join queue", err)
+	}
+	if shape.guardFailed(res) {
+		// A concurrent attempt with the same request id won the race (we
+		// resume it), or the session already has a key in this queue.
+		m.discard(a)
+		if a.session {
+			return nil, nil, ErrSessionBusy
+		}
+		r, err := m.resumeAdopted(ctx, parent, name, o)
+		if err != nil {
+			return nil, nil, err
+		}
+		if r == nil {
+			return nil, nil, fmt.Errorf("%w: a concurrent retry's acquisition vanished; retry", ErrUnavailable)
+		}
+		if r.rec.Acquired != 0 {
+			g, err := m.regrant(ctx, parent, r)
+			return nil, g, err
+		}
+		return r, nil, nil
+	}
+	granted, resps := res.ok, res.resps
+	if shape.nested {
+		granted, resps = res.resps[0].GetResponseTxn().GetSucceeded(), res.resps[0].GetResponseTxn().GetResponses()
+	}
+	if !granted {
+		if len(resps) >= 2 { // [put, get, the slot puts if any]
+			if kvs := resps[1].GetResponseRange().GetKvs(); len(kvs) == 2 && kvs[0].CreateRevision == a.token {
+				a.pred = string(kvs[1].Key)
+			}
+		}
+		return a, nil, nil
+	}
+	a.rec = held
+	m.remember(a, res.rev, base)
+	return nil, m.grantOf(a, base, time.Duration(a.ttl)*time.Second), nil
+}
+
+// joinShape says how a join transaction's answer reads. Without a guard or
+// a limit it is flat: If(free) Then(hold) Else(queue). Otherwise the outer
+// transaction compares the guard (the request record's or the session
+// key's absence) and the limit slots' absence; its Then nests the flat one
+// first, and its Else reads the guard key (count only) and then each limit
+// scope's slots.
+type joinShape struct {
+	nested  bool
+	guarded bool
+}
+
+// guardFailed: the outer compare failed because the guard key exists.
+func (s joinShape) guardFailed(res txnRes) bool {
+	return s.guarded && !res.ok && res.err == nil && res.resps[0].GetResponseRange().GetCount() > 0
+}
+
+// slotReads is the index of the first slot read in a failed outer Else.
+func (s joinShape) slotReads() int {
+	if s.guarded {
+		return 1
+	}
+	return 0
+}
+
+// joinTxn commits a's join with the slots sl (held is the record of a
+// grant at once): through group commit, except a session's join (which
+// writes the session index), committed alone.
+func (m *Manager) joinTxn(ctx context.Context, a *attempt, o acquireOptions, sl slots, held record) (txnRes, joinShape) {
 	// If the queue is empty and no lock-delay is pending: hold at once.
 	// Otherwise: queue, and read the holder.
-	delayKey := m.ks.delay(name)
+	delayKey := m.ks.delay(a.name)
 	free := []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(a.queue), "=", 0).WithPrefix(),
 		clientv3.Compare(clientv3.CreateRevision(delayKey), "=", 0),
@@ -323,82 +439,39 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 		clientv3.OpGet(a.queue, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)),
 	}
-	hold, queue = append(hold, m.ownedPut(a)...), append(queue, m.ownedPut(a)...)
-	if a.session {
-		// A session has one key per queue: refuse a second.
-		free = append(free, clientv3.Compare(clientv3.CreateRevision(a.key), "=", 0))
-	}
-	// Plain and request-id joins go through group commit; a session's join
-	// (which writes the session index) is committed alone.
-	var res txnRes
-	reqKey := ""
+	hold, queue = append(hold, sl.puts(a.id)...), append(queue, sl.puts(a.id)...)
+	var (
+		guard string // a key that must not exist: the request record, or a session's key in this queue
+		extra []clientv3.Op
+	)
 	switch {
 	case o.requestID != "":
-		reqKey = a.rec.Req
-		res = m.batch.do(ctx, name,
-			[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(reqKey), "=", 0)},
-			[]clientv3.Op{clientv3.OpTxn(free, hold, queue), clientv3.OpPut(reqKey, req.encode(), clientv3.WithLease(a.id))},
-			nil)
+		guard = a.rec.Req
+		extra = []clientv3.Op{clientv3.OpPut(guard, a.reqRecord, clientv3.WithLease(a.id))}
 	case a.session:
-		resp, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.key), "=", 0)).
-			Then(clientv3.OpTxn(free[:2], hold, queue),
-				clientv3.OpPut(m.ks.sessionIndex(a.id)+escape(name), "", clientv3.WithLease(a.id))).
-			Commit()
-		if err == nil {
-			res = txnRes{rev: resp.Header.Revision, ok: resp.Succeeded, resps: resp.Responses}
-		}
-		res.err = err
-	default:
-		res = m.batch.do(ctx, name, free, hold, queue)
+		// A session has one key per queue: refuse a second.
+		guard = a.key
+		extra = []clientv3.Op{clientv3.OpPut(m.ks.sessionIndex(a.id)+escape(a.name), "", clientv3.WithLease(a.id))}
 	}
-	awaitRefresh()
-	if pooled && errors.Is(res.err, rpctypes.ErrLeaseNotFound) {
-		recycleFailed = true
+	shape := joinShape{nested: guard != "" || sl.limited(), guarded: guard != ""}
+	conflicts := append([]string{a.name}, sl.conflicts()...)
+	if !shape.nested {
+		return m.batch.doExclusive(ctx, conflicts, free, hold, queue), shape
 	}
-	if recycleFailed && ctx.Err() == nil {
-		cleanup()
-		return m.joinWith(ctx, parent, name, o, false)
+	cmps, els := sl.cmps(), sl.reads()
+	if guard != "" {
+		cmps = append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(guard), "=", 0)}, cmps...)
+		els = append([]clientv3.Op{clientv3.OpGet(guard, clientv3.WithCountOnly())}, els...)
 	}
-	if err := res.err; err != nil {
-		cleanup()
-		return nil, nil, m.etcdErr(parent, "join queue", err)
+	then := append([]clientv3.Op{clientv3.OpTxn(free, hold, queue)}, extra...)
+	if !a.session {
+		return m.batch.doExclusive(ctx, conflicts, cmps, then, els), shape
 	}
-	if !res.ok && (reqKey != "" || a.session) {
-		// A concurrent attempt with the same request id won the race (we
-		// resume it), or the session already has a key in this queue.
-		cleanup()
-		if a.session {
-			return nil, nil, ErrSessionBusy
-		}
-		r, err := m.resume(ctx, parent, name, o)
-		if err != nil {
-			return nil, nil, err
-		}
-		if r == nil {
-			return nil, nil, fmt.Errorf("%w: a concurrent retry's acquisition vanished; retry", ErrUnavailable)
-		}
-		if r.rec.Acquired != 0 {
-			g, err := m.regrant(ctx, parent, r)
-			return nil, g, err
-		}
-		return r, nil, nil
+	resp, err := m.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	if err != nil {
+		return txnRes{err: err}, shape
 	}
-	a.token = res.rev
-	granted, resps := res.ok, res.resps
-	if reqKey != "" || a.session {
-		granted, resps = res.resps[0].GetResponseTxn().GetSucceeded(), res.resps[0].GetResponseTxn().GetResponses()
-	}
-	if !granted {
-		if len(resps) >= 2 { // [put, get, the identity index put if any]
-			if kvs := resps[1].GetResponseRange().GetKvs(); len(kvs) == 2 && kvs[0].CreateRevision == a.token {
-				a.pred = string(kvs[1].Key)
-			}
-		}
-		return a, nil, nil
-	}
-	a.rec = held
-	m.remember(a, res.rev, base)
-	return nil, m.grantOf(a, base, time.Duration(a.ttl)*time.Second), nil
+	return txnRes{rev: resp.Header.Revision, ok: resp.Succeeded, resps: resp.Responses}, shape
 }
 
 func (m *Manager) grantOf(a *attempt, refreshed time.Time, ttl time.Duration) *Grant {
@@ -433,7 +506,7 @@ func (m *Manager) resume(ctx, parent context.Context, name string, o acquireOpti
 	if len(k.Kvs) == 0 {
 		return nil, nil
 	}
-	a.token = k.Kvs[0].CreateRevision
+	a.token, a.modRev = k.Kvs[0].CreateRevision, k.Kvs[0].ModRevision
 	a.rec = decodeRecord(k.Kvs[0].Value)
 	a.delay = clientv3.LeaseID(a.rec.DelayLease)
 	var sum []byte
@@ -542,7 +615,7 @@ func (m *Manager) tryClaim(ctx context.Context, a *attempt) (bool, error) {
 	if res.err != nil || !res.ok {
 		return false, res.err
 	}
-	a.rec = held
+	a.rec, a.modRev = held, res.rev
 	if r.err == nil {
 		a.refreshed, a.refreshedTTL = r.at, r.ttl
 	}
@@ -570,7 +643,7 @@ func (m *Manager) claim(ctx, parent context.Context, a *attempt) (*Grant, error)
 		if !tr.Succeeded {
 			return nil, ErrLostWhileWaiting
 		}
-		a.rec = held
+		a.rec, a.modRev = held, tr.Header.Revision
 		m.remember(a, tr.Header.Revision, time.Time{})
 	}
 	if a.refreshedTTL > 0 { // refreshed alongside the claim
@@ -595,31 +668,6 @@ func (m *Manager) holderToken(ctx context.Context, queue string) int64 {
 		return r.Kvs[0].CreateRevision
 	}
 	return 0
-}
-
-// withdraw removes an attempt's queue key, even if the caller's context is
-// done: it revokes its own leases, or deletes the key of a session attempt.
-// On failure the key still ends with its lease.
-func (m *Manager) withdraw(a *attempt) {
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-	defer cancel()
-	var err error
-	if a.session {
-		if a.key != "" {
-			_, err = m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.key), "=", a.token)).
-				Then(append([]clientv3.Op{clientv3.OpDelete(a.key)}, m.ownedDelete(a.name, a.id, a.rec)...)...).Commit()
-		}
-	} else {
-		if a.delay != 0 {
-			_, _ = m.cli.Revoke(ctx, a.delay)
-		}
-		if a.id != 0 {
-			_, err = m.cli.Revoke(ctx, a.id)
-		}
-	}
-	if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		m.log.Warn("withdrawing an abandoned queue entry failed; it ends with its lease", "lease", formatLease(a.id), "err", err)
-	}
 }
 
 var (

@@ -17,7 +17,8 @@ import (
 // transaction is committed at once, alone; under load, the ones that arrive
 // while a commit is in flight share the next. Two joins of the same lock
 // never share a Txn: etcd evaluates every nested compare before any write,
-// so both would find the lock free. Every other pair is safe together: a
+// so both would find the lock free; nor do two joins that claim the same
+// limit slot (limits.go). Every other pair is safe together: a
 // release, a claim and a join of one lock each decide on the state before
 // the batch, which at worst makes a join queue behind a holder released in
 // the same batch (it then finds itself at the head at once) or a claim fail
@@ -38,11 +39,13 @@ const (
 )
 
 type txnReq struct {
-	conflict string // a join's lock name: at most one per batch; "" for others
-	cmps     []clientv3.Cmp
-	then     []clientv3.Op
-	els      []clientv3.Op
-	res      chan txnRes
+	// conflicts are keys of which at most one request per batch may name
+	// each: a join's lock name and the limit slot it claims; none for others.
+	conflicts []string
+	cmps      []clientv3.Cmp
+	then      []clientv3.Op
+	els       []clientv3.Op
+	res       chan txnRes
 }
 
 type txnRes struct {
@@ -56,7 +59,17 @@ type txnRes struct {
 // outcome, or ctx's error if ctx ends first (the transaction may then still
 // be committed: the caller treats that as an ambiguous outcome).
 func (b *batcher) do(ctx context.Context, conflict string, cmps []clientv3.Cmp, then, els []clientv3.Op) txnRes {
-	r := &txnReq{conflict: conflict, cmps: cmps, then: then, els: els, res: make(chan txnRes, 1)}
+	var conflicts []string
+	if conflict != "" {
+		conflicts = []string{conflict}
+	}
+	return b.doExclusive(ctx, conflicts, cmps, then, els)
+}
+
+// doExclusive is do for a transaction that shares no batch with another
+// naming any of conflicts.
+func (b *batcher) doExclusive(ctx context.Context, conflicts []string, cmps []clientv3.Cmp, then, els []clientv3.Op) txnRes {
+	r := &txnReq{conflicts: conflicts, cmps: cmps, then: then, els: els, res: make(chan txnRes, 1)}
 	b.mu.Lock()
 	b.pending = append(b.pending, r)
 	batches := b.take()
@@ -89,8 +102,10 @@ func (b *batcher) take() [][]*txnReq {
 		var batch, rest []*txnReq
 		seen := map[string]bool{}
 		for _, r := range b.pending {
-			if len(batch) < maxBatch && (r.conflict == "" || !seen[r.conflict]) {
-				seen[r.conflict] = true
+			if len(batch) < maxBatch && !anySeen(seen, r.conflicts) {
+				for _, c := range r.conflicts {
+					seen[c] = true
+				}
 				batch = append(batch, r)
 			} else {
 				rest = append(rest, r)
@@ -101,6 +116,15 @@ func (b *batcher) take() [][]*txnReq {
 		out = append(out, batch)
 	}
 	return out
+}
+
+func anySeen(seen map[string]bool, keys []string) bool {
+	for _, k := range keys {
+		if seen[k] {
+			return true
+		}
+	}
+	return false
 }
 
 func (b *batcher) launch(batches [][]*txnReq) {

@@ -37,6 +37,8 @@ type Manager struct {
 	maxTTL     time.Duration
 	maxHold    time.Duration
 	maxDelay   time.Duration
+	maxWaiters int64 // WithMaxWaitersPerLock
+	maxOwned   int64 // WithMaxLocksPerIdentity
 	log        *slog.Logger
 	now        func() time.Time
 
@@ -52,6 +54,7 @@ type Manager struct {
 	batch  batcher
 	ka     keepalives
 	grants grantCache
+	full   fullHints // limit scopes seen full (limits.go)
 }
 
 type options struct {
@@ -60,6 +63,8 @@ type options struct {
 	maxTTL     time.Duration
 	maxHold    time.Duration
 	maxDelay   time.Duration
+	maxWaiters int64
+	maxOwned   int64
 	log        *slog.Logger
 }
 
@@ -100,6 +105,9 @@ func New(cli *clientv3.Client, opts ...Option) (*Manager, error) {
 	if o.maxHold <= 0 || o.maxDelay < 0 {
 		return nil, fmt.Errorf("lease: max hold %v must be positive and max lock-delay %v not negative", o.maxHold, o.maxDelay)
 	}
+	if o.maxWaiters < 0 || o.maxOwned < 0 {
+		return nil, fmt.Errorf("lease: max waiters per lock %d and max locks per identity %d must not be negative", o.maxWaiters, o.maxOwned)
+	}
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
 	}
@@ -111,6 +119,8 @@ func New(cli *clientv3.Client, opts ...Option) (*Manager, error) {
 		maxTTL:     o.maxTTL,
 		maxHold:    o.maxHold,
 		maxDelay:   o.maxDelay,
+		maxWaiters: o.maxWaiters,
+		maxOwned:   o.maxOwned,
 		log:        o.log,
 		now:        time.Now,
 		stop:       stop,
@@ -164,7 +174,9 @@ type record struct {
 	Session    bool   `json:"sess,omitempty"`    // the key is on a session's lease
 	TTL        int64  `json:"ttl,omitempty"`     // s: the lease's granted TTL (for recycling it)
 	Req        string `json:"req,omitempty"`     // the request record's key, if any
-	Ident      string `json:"ih,omitempty"`      // hex sha256 of the identity it is indexed under (WithIdentity), if any
+	Ident      string `json:"ih,omitempty"`      // hex sha256 of the identity whose slot it holds (WithIdentity), if any
+	WaiterSlot int64  `json:"ws,omitempty"`      // 1 + the index of the lock's waiter slot it holds (WithMaxWaitersPerLock), 0: none
+	OwnedSlot  int64  `json:"os,omitempty"`      // 1 + the index of its identity's slot (WithMaxLocksPerIdentity), 0: none
 }
 
 // How a grant ended, as recorded in its queue key's last value.

@@ -35,10 +35,12 @@ func eventuallyOwned(t *testing.T, m *Manager, id string, want int64) {
 	}
 }
 
-// Every way an acquisition ends removes its index key: holders and waiters
-// count while they live, and nothing is left behind.
+// Every way an acquisition ends removes its limit slots (its identity's and
+// its lock's): holders and waiters count while they live, and nothing is
+// left behind.
 func TestOwnedIndexFollowsEveryEnd(t *testing.T) {
-	m, _ := newTestManager(t)
+	ms, cli := newReplicas(t, 1, WithMaxLocksPerIdentity(100), WithMaxWaitersPerLock(100))
+	m := ms[0]
 	ctx := context.Background()
 	const id = "spiffe://example.org/team-a"
 	mine := func(extra ...AcquireOption) []AcquireOption {
@@ -135,11 +137,17 @@ func TestOwnedIndexFollowsEveryEnd(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tc.run(t, "owned/"+tc.name)
+			lock := "owned/" + tc.name
+			tc.run(t, lock)
 			// At once: a released lease is pooled alive, so only the
-			// transaction that ended the grant can have removed its index.
+			// transaction that ended the grant can have removed its slots.
 			if n := countOwned(t, m, id); n != 0 {
-				t.Errorf("%d index keys left behind", n)
+				t.Errorf("%d identity slots left behind", n)
+			}
+			for _, l := range []string{lock, lock + "/2"} {
+				if r, err := cli.Get(ctx, m.ks.waiterSlots(l), clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || r.Count != 0 {
+					t.Errorf("%s: waiter slots left behind: %v %v", l, r, err)
+				}
 			}
 		})
 	}
@@ -149,11 +157,12 @@ func TestOwnedIndexFollowsEveryEnd(t *testing.T) {
 // identity keeps working, a retry of a live acquisition is not refused, and
 // a release frees a slot.
 func TestOwnedLimit(t *testing.T) {
-	m, cli := newTestManager(t)
+	ms, cli := newReplicas(t, 1, WithMaxLocksPerIdentity(2))
+	m := ms[0]
 	ctx := context.Background()
 	const a, b = "team-a", "team-b"
 	opts := func(id string, extra ...AcquireOption) []AcquireOption {
-		return append([]AcquireOption{WithIdentity(id), WithOwnedLimit(2), WithTTL(10 * time.Second)}, extra...)
+		return append([]AcquireOption{WithIdentity(id), WithTTL(10 * time.Second)}, extra...)
 	}
 	g1, err := m.Acquire(ctx, "lim/1", opts(a, WithRequestID("limit-request-0001"))...)
 	if err != nil {

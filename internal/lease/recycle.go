@@ -136,7 +136,7 @@ func (m *Manager) end(ctx context.Context, h *held, how string) (bool, error) {
 	if h.rec.Req != "" {
 		ops = append(ops, clientv3.OpDelete(h.rec.Req))
 	}
-	ops = append(ops, m.ownedDelete(h.name, h.id, h.rec)...)
+	ops = append(ops, m.slotsDelete(h.name, h.rec)...)
 	delay := clientv3.LeaseID(h.rec.DelayLease)
 	if how == endReleased && delay != 0 {
 		ops = append(ops, clientv3.OpDelete(m.ks.delay(h.name)))

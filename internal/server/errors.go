@@ -25,6 +25,8 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 	var (
 		fe *lease.FieldError
 		ng *lease.NotGrantedError
+		tw *lease.TooManyWaitersError
+		tl *lease.TooManyLocksError
 	)
 	switch {
 	case errors.As(err, &fe):
@@ -48,10 +50,14 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		return withReason(codes.FailedPrecondition, err.Error(), "REQUEST_ID_REUSED", nil)
 	case errors.Is(err, lease.ErrSessionForbidden):
 		return withReason(codes.PermissionDenied, err.Error(), "SESSION_OF_ANOTHER_IDENTITY", nil)
-	case errors.Is(err, lease.ErrTooManyLocks):
-		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, lease.ErrStoreFull):
 		return withReason(codes.ResourceExhausted, err.Error(), "STORE_FULL", nil)
+	case errors.As(err, &tw):
+		return withReason(codes.ResourceExhausted, err.Error(), "TOO_MANY_WAITERS",
+			map[string]string{"limit": "max-waiters-per-lock", "maximum": strconv.FormatInt(tw.Limit, 10)})
+	case errors.As(err, &tl):
+		return withReason(codes.ResourceExhausted, err.Error(), "TOO_MANY_LOCKS",
+			map[string]string{"limit": "max-locks-per-identity", "maximum": strconv.FormatInt(tl.Limit, 10)})
 	case errors.Is(err, lease.ErrCompacted):
 		return status.Error(codes.OutOfRange, err.Error())
 	case errors.Is(err, lease.ErrShuttingDown), errors.Is(err, lease.ErrUnavailable):

@@ -21,73 +21,39 @@ import (
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
 
-// Limits protect the service from one lock's crowd.
+// Limits bound what one request may ask of the queue. The limits on how
+// many may queue (waiters per lock, locks per identity) are the lease
+// domain's (lease.WithMaxWaitersPerLock, lease.WithMaxLocksPerIdentity):
+// exact only where the join is committed, they are enforced in its etcd
+// transaction, not here.
 type Limits struct {
-	// MaxWaiters is the most contenders that may wait for one lock (the
-	// holder not counted); 0: no limit. Acquire beyond it (unless it is a
-	// try-lock) answers RESOURCE_EXHAUSTED. It is a soft limit: the queue is
-	// counted just before joining, so concurrent joiners may overshoot it
-	// by a few.
-	MaxWaiters int64
 	// MaxWait bounds the queue wait of Acquire; 0: no bound. An Acquire
 	// without a wait waits at most this long (then ABORTED); one asking for
 	// more is INVALID_ARGUMENT (field "wait"), like a TTL above the max TTL.
 	MaxWait time.Duration
-	// QueueLen counts a lock's contenders, holder included.
-	QueueLen func(ctx context.Context, name string) (int64, error)
-	// MaxLocksPerIdentity is the most locks one authenticated identity may
-	// hold or wait for at once, across every replica sharing the key prefix
-	// (holders and waiters count alike); 0: no limit. An Acquire (or Hold)
-	// beyond it answers RESOURCE_EXHAUSTED, writing nothing; a retry with
-	// the request id of a live acquisition is still answered. It is a soft
-	// limit: the identity's acquisitions are counted just before joining, so
-	// concurrent acquisitions may overshoot it by a few. Without an identity
-	// (no authorization policy) it does not apply: client addresses are
-	// shared behind NAT and a Service, so they would make a poor quota key.
-	MaxLocksPerIdentity int64
 }
 
-// ownedLimitKey carries the per-identity limit from the Limits interceptors
-// to the Acquire and Hold handlers, which pass it to the lease package.
-type ownedLimitKey struct{}
-
-type ownedLimit struct {
-	identity string
-	max      int64
-}
-
-// withOwnedLimit returns ctx carrying the per-identity limit if it applies
-// (a limit is set and the caller is authenticated).
-func (l Limits) withOwnedLimit(ctx context.Context) context.Context {
-	if l.MaxLocksPerIdentity <= 0 {
-		return ctx
-	}
+// ownedOptions name the authenticated identity (never a request field) to
+// the lease domain, which counts the acquisition against that identity's
+// limit (lease.WithMaxLocksPerIdentity). Without an identity (no
+// authorization policy) there is nothing to count against: client
+// addresses are shared behind NAT and a Service, so they would make a poor
+// quota key.
+func ownedOptions(ctx context.Context) []lease.AcquireOption {
 	id, ok := authz.FromContext(ctx)
 	if !ok || id == "" {
-		return ctx
-	}
-	return context.WithValue(ctx, ownedLimitKey{}, ownedLimit{identity: id, max: l.MaxLocksPerIdentity})
-}
-
-// ownedOptions are the lease options of the per-identity limit in ctx: the
-// acquisition is indexed under the authenticated identity (never a request
-// field) and refused beyond the limit.
-func ownedOptions(ctx context.Context) []lease.AcquireOption {
-	ol, ok := ctx.Value(ownedLimitKey{}).(ownedLimit)
-	if !ok {
 		return nil
 	}
-	return []lease.AcquireOption{lease.WithIdentity(ol.identity), lease.WithOwnedLimit(ol.max)}
+	return []lease.AcquireOption{lease.WithIdentity(id)}
 }
 
 // Interceptor enforces the limits on Acquire.
 func (l Limits) Interceptor() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if r, ok := req.(*coordinatorv1.AcquireRequest); ok && info.FullMethod == coordinatorv1.LockService_Acquire_FullMethodName {
-			if err := l.check(ctx, r); err != nil {
+			if err := l.check(r); err != nil {
 				return nil, err
 			}
-			ctx = l.withOwnedLimit(ctx)
 		}
 		return h(ctx, req)
 	}
@@ -100,29 +66,26 @@ func (l Limits) StreamInterceptor() grpc.StreamServerInterceptor {
 		if info.FullMethod != coordinatorv1.LockService_Hold_FullMethodName {
 			return h(srv, ss)
 		}
-		return h(srv, &limitStream{ServerStream: ss, l: l, ctx: l.withOwnedLimit(ss.Context())})
+		return h(srv, &limitStream{ServerStream: ss, l: l})
 	}
 }
 
 type limitStream struct {
 	grpc.ServerStream
-	l   Limits
-	ctx context.Context
+	l Limits
 }
-
-func (s *limitStream) Context() context.Context { return s.ctx }
 
 func (s *limitStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
 	if r, ok := m.(*coordinatorv1.HoldRequest); ok && r.GetAcquire().GetRequest() != nil {
-		return s.l.check(s.Context(), r.GetAcquire().GetRequest())
+		return s.l.check(r.GetAcquire().GetRequest())
 	}
 	return nil
 }
 
-func (l Limits) check(ctx context.Context, r *coordinatorv1.AcquireRequest) error {
+func (l Limits) check(r *coordinatorv1.AcquireRequest) error {
 	if l.MaxWait > 0 {
 		switch w := r.GetWait(); {
 		case w == nil:
@@ -132,14 +95,6 @@ func (l Limits) check(ctx context.Context, r *coordinatorv1.AcquireRequest) erro
 			return withDetails(st, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
 				{Field: "wait", Description: fmt.Sprintf("at most %v (--max-wait)", l.MaxWait)},
 			}})
-		}
-	}
-	tryLock := r.GetWait() != nil && r.GetWait().AsDuration() == 0
-	if l.MaxWaiters > 0 && l.QueueLen != nil && !tryLock {
-		// On error (bad name, etcd down) the handler answers properly.
-		if n, err := l.QueueLen(ctx, r.GetName()); err == nil && n-1 >= l.MaxWaiters {
-			return status.Errorf(codes.ResourceExhausted,
-				"lock %q already has %d waiters, the most allowed (--max-waiters-per-lock); retry later", r.GetName(), n-1)
 		}
 	}
 	return nil

@@ -3,16 +3,20 @@ package server_test
 import (
 	"context"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
 )
 
@@ -143,11 +147,29 @@ func TestRateLimitPerAddressWithoutAuthorization(t *testing.T) {
 	}
 }
 
+// limitReason checks that err is RESOURCE_EXHAUSTED with an ErrorInfo of
+// reason, naming the limit (the flag) and its maximum.
+func limitReason(t *testing.T, err error, reason, limit string, maximum int64) {
+	t.Helper()
+	if code(err) != codes.ResourceExhausted {
+		t.Fatalf("%v, want RESOURCE_EXHAUSTED", err)
+	}
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			if info.GetReason() != reason || info.GetMetadata()["limit"] != limit || info.GetMetadata()["maximum"] != strconv.FormatInt(maximum, 10) {
+				t.Fatalf("ErrorInfo %v, want reason %s, limit %s, maximum %d", info, reason, limit, maximum)
+			}
+			return
+		}
+	}
+	t.Fatalf("no ErrorInfo in %v", err)
+}
+
 func TestMaxWaitersAndMaxWait(t *testing.T) {
-	var e *env
-	limits := server.Limits{MaxWaiters: 2, MaxWait: 2 * time.Second,
-		QueueLen: func(ctx context.Context, name string) (int64, error) { return e.mgr.QueueLen(ctx, name) }}
-	e = newEnvWith(t, []server.Option{server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{limits.Interceptor()}, nil)})
+	limits := server.Limits{MaxWait: 2 * time.Second}
+	e := newEnvWith(t, []server.Option{server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{limits.Interceptor()}, nil)},
+		lease.WithMaxWaitersPerLock(2))
 	e.acquire("crowd", time.Minute)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -160,12 +182,14 @@ func TestMaxWaitersAndMaxWait(t *testing.T) {
 		}()
 	}
 	eventually(t, 10*time.Second, "two waiters", func() bool { return len(e.describe("crowd").Waiters) == 2 })
+	rev := e.rev()
 	_, err := e.lc.Acquire(ctxT(t, 10*time.Second), &coordinatorv1.AcquireRequest{Name: "crowd", Wait: dur(time.Second)})
-	if code(err) != codes.ResourceExhausted {
-		t.Fatalf("a third waiter with max 2: %v, want RESOURCE_EXHAUSTED", err)
-	}
+	limitReason(t, err, "TOO_MANY_WAITERS", "max-waiters-per-lock", 2)
 	if _, err := e.tryAcquire("crowd"); code(err) != codes.Aborted {
 		t.Fatalf("a try-lock on a full queue: %v, want ABORTED", err)
+	}
+	if got := e.rev(); got != rev {
+		t.Errorf("refused acquisitions wrote to etcd: revision %d -> %d", rev, got)
 	}
 	e.acquire("elsewhere", 5*time.Second) // other locks are unaffected
 	for range 2 {
@@ -189,10 +213,7 @@ func TestMaxWaitersAndMaxWait(t *testing.T) {
 }
 
 func TestMaxWaitersOnHoldStreams(t *testing.T) {
-	var e *env
-	limits := server.Limits{MaxWaiters: 1, QueueLen: func(ctx context.Context, name string) (int64, error) { return e.mgr.QueueLen(ctx, name) }}
-	e = newEnvWith(t, []server.Option{server.WithInnerInterceptors(
-		[]grpc.UnaryServerInterceptor{limits.Interceptor()}, []grpc.StreamServerInterceptor{limits.StreamInterceptor()})})
+	e := newEnvWith(t, nil, lease.WithMaxWaitersPerLock(1))
 	e.acquire("h", time.Minute)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -206,24 +227,34 @@ func TestMaxWaitersOnHoldStreams(t *testing.T) {
 		Request: &coordinatorv1.AcquireRequest{Name: "h"}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Recv(); code(err) != codes.ResourceExhausted {
-		t.Fatalf("Hold as a second waiter with max 1: %v, want RESOURCE_EXHAUSTED", err)
-	}
+	_, err = st.Recv()
+	limitReason(t, err, "TOO_MANY_WAITERS", "max-waiters-per-lock", 1)
 }
 
 // The per-identity limit counts holders and waiters of one identity across
-// unary Acquire and Hold streams; beyond it, RESOURCE_EXHAUSTED with nothing
-// written, while another identity keeps working; a release frees a slot.
+// unary Acquire, Hold streams and sessions; beyond it, RESOURCE_EXHAUSTED
+// with nothing written, while another identity keeps working; a release
+// frees a slot.
 func TestMaxLocksPerIdentity(t *testing.T) {
 	store, _ := authStore(t, `{"identities": {"a": {"lock_prefixes": [""]}, "b": {"lock_prefixes": [""]}}}`, "a", "b")
 	au, as := server.AuthInterceptors(store)
-	limits := server.Limits{MaxLocksPerIdentity: 2}
 	e := newEnvWith(t, []server.Option{server.WithInnerInterceptors(
-		[]grpc.UnaryServerInterceptor{au, limits.Interceptor()}, []grpc.StreamServerInterceptor{as, limits.StreamInterceptor()})})
+		[]grpc.UnaryServerInterceptor{au}, []grpc.StreamServerInterceptor{as})}, lease.WithMaxLocksPerIdentity(2))
 	a := e.dialWith(plaintext(), grpc.WithPerRPCCredentials(bearer("tok-a")))
 	b := e.dialWith(plaintext(), grpc.WithPerRPCCredentials(bearer("tok-b")))
+	session, err := a.OpenSession(ctxT(t, 10*time.Second), &coordinatorv1.OpenSessionRequest{Ttl: dur(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquireIn := func(lc coordinatorv1.LockServiceClient, name, sessionHandle string) (*coordinatorv1.AcquireResponse, error) {
+		req := &coordinatorv1.AcquireRequest{Name: name, Wait: dur(0), SessionHandle: sessionHandle}
+		if sessionHandle == "" {
+			req.Ttl = dur(time.Minute)
+		}
+		return lc.Acquire(ctxT(t, 10*time.Second), req)
+	}
 	acquire := func(lc coordinatorv1.LockServiceClient, name string) (*coordinatorv1.AcquireResponse, error) {
-		return lc.Acquire(ctxT(t, 10*time.Second), &coordinatorv1.AcquireRequest{Name: name, Ttl: dur(time.Minute), Wait: dur(0)})
+		return acquireIn(lc, name, "")
 	}
 	hold := func(lc coordinatorv1.LockServiceClient, name string) error {
 		st, err := lc.Hold(ctxT(t, 10*time.Second))
@@ -238,7 +269,8 @@ func TestMaxLocksPerIdentity(t *testing.T) {
 		return err
 	}
 
-	held, err := acquire(a, "a/1")
+	// A lock held through a session counts.
+	held, err := acquireIn(a, "a/1", session.GetHandle())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,15 +294,13 @@ func TestMaxLocksPerIdentity(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		call func() error
-		want codes.Code
 	}{
-		{"Acquire beyond the limit", func() error { _, err := acquire(a, "a/2"); return err }, codes.ResourceExhausted},
-		{"Hold beyond the limit", func() error { return hold(a, "a/3") }, codes.ResourceExhausted},
+		{"Acquire beyond the limit", func() error { _, err := acquire(a, "a/2"); return err }},
+		{"Hold beyond the limit", func() error { return hold(a, "a/3") }},
+		{"Acquire through a session beyond the limit", func() error { _, err := acquireIn(a, "a/5", session.GetHandle()); return err }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if err := tc.call(); code(err) != tc.want {
-				t.Fatalf("%v, want %v", err, tc.want)
-			}
+			limitReason(t, tc.call(), "TOO_MANY_LOCKS", "max-locks-per-identity", 2)
 		})
 	}
 	if got := e.rev(); got != rev {
@@ -293,9 +323,7 @@ func TestMaxLocksPerIdentity(t *testing.T) {
 
 // Without an identity (no authorization policy) the limit does not apply.
 func TestMaxLocksPerIdentityNeedsAnIdentity(t *testing.T) {
-	limits := server.Limits{MaxLocksPerIdentity: 1}
-	e := newEnvWith(t, []server.Option{server.WithInnerInterceptors(
-		[]grpc.UnaryServerInterceptor{limits.Interceptor()}, []grpc.StreamServerInterceptor{limits.StreamInterceptor()})})
+	e := newEnvWith(t, nil, lease.WithMaxLocksPerIdentity(1))
 	for _, name := range []string{"anon/1", "anon/2", "anon/3"} {
 		e.acquire(name, time.Minute)
 	}
