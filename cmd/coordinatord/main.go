@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/coordinatord/coordinatord/internal/daemon"
+	"github.com/coordinatord/coordinatord/internal/fence"
 )
 
 func main() {
@@ -143,6 +144,8 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs.IntVar(&cfg.RateBurst, "rate-burst", envInt("RATE_BURST", 2000), "burst allowed above -rate-limit (env COORDINATORD_RATE_BURST)")
 	fs.Int64Var(&cfg.MaxWaitersPerLock, "max-waiters-per-lock", int64(envInt("MAX_WAITERS_PER_LOCK", 1000)), "waiters allowed in one lock's queue; beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_MAX_WAITERS_PER_LOCK)")
 	fs.Int64Var(&cfg.MaxLocksPerIdentity, "max-locks-per-identity", int64(envInt("MAX_LOCKS_PER_IDENTITY", 1000)), "locks one authenticated identity may hold or wait for at once, across all replicas; beyond: RESOURCE_EXHAUSTED; applies only with -auth-policy; 0: no limit (env COORDINATORD_MAX_LOCKS_PER_IDENTITY)")
+	fs.Int64Var(&cfg.MaxMarksPerIdentity, "max-marks-per-identity", int64(envInt("MAX_MARKS_PER_IDENTITY", fence.DefaultMarkLimit)), "resource marks (ValidateToken with a resource) one identity may create, across all replicas; unauthenticated callers count as one identity; beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_MAX_MARKS_PER_IDENTITY)")
+	fs.DurationVar(&cfg.MarkRetention, "mark-retention", envDuration("MARK_RETENTION", 30*24*time.Hour), "a resource mark whose lock has had no holder or waiter for this long is deleted (safe: see FenceService in fence.proto); 0: keep marks forever (env COORDINATORD_MARK_RETENTION)")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", envDuration("MAX_WAIT", 15*time.Minute), "longest queue wait of an Acquire: an unset wait waits this long, a longer one is INVALID_ARGUMENT; 0: no limit (env COORDINATORD_MAX_WAIT)")
 	fs.StringVar(&cfg.HealthListen, "health-listen", env("HEALTH_LISTEN", ""), "plaintext gRPC address serving only grpc.health.v1.Health, for Kubernetes gRPC probes (they cannot speak TLS); empty: off (env COORDINATORD_HEALTH_LISTEN)")
 	fs.StringVar(&level, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env COORDINATORD_LOG_LEVEL)")
@@ -194,6 +197,8 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		return cfg, nil, errors.New("-auth-tokens needs -auth-policy")
 	case cfg.MaxRecvMsgSize < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 || cfg.MaxWaitersPerLock < 0 || cfg.MaxLocksPerIdentity < 0 || cfg.MaxWait < 0 || cfg.KeepaliveMinTime < 0:
 		return cfg, nil, errors.New("-max-recv-msg-size, -rate-limit, -rate-burst, -max-waiters-per-lock, -max-locks-per-identity, -max-wait and -keepalive-min-time must not be negative")
+	case cfg.MaxMarksPerIdentity < 0 || cfg.MarkRetention < 0:
+		return cfg, nil, errors.New("-max-marks-per-identity and -mark-retention must not be negative")
 	case cfg.AuthReloadInterval <= 0:
 		return cfg, nil, fmt.Errorf("-auth-reload-interval %v: must be positive", cfg.AuthReloadInterval)
 	case cfg.MaxHold <= 0:

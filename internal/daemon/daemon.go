@@ -101,6 +101,8 @@ type Config struct {
 	MaxWaitersPerLock    int64         // waiters per lock
 	MaxLocksPerIdentity  int64         // locks held or awaited per authenticated identity (needs AuthPolicy)
 	MaxWait              time.Duration // queue wait of an Acquire
+	MaxMarksPerIdentity  int64         // resource marks one identity may create (unauthenticated callers: one identity)
+	MarkRetention        time.Duration // a mark whose lock stayed free this long is deleted (see fence.SweepMarks)
 }
 
 // readyService is the gRPC health service name that follows etcd's
@@ -171,7 +173,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	val := fence.New(cli, mgr.Keyspace())
+	val := fence.New(cli, mgr.Keyspace(), fence.WithMarkLimit(cfg.MaxMarksPerIdentity))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := server.NewMetrics(reg)
@@ -294,6 +296,7 @@ func Run(ctx context.Context, cfg Config) error {
 	g.Go(func() error { ready.Run(gctx); return nil })
 	// Validations share one barrier read and answer from a watch-fed view.
 	g.Go(func() error { return val.Follow(gctx, log) })
+	g.Go(func() error { return val.RetainMarks(gctx, cfg.MarkRetention, log) })
 	if hsrv != nil {
 		// Hold times and expiries are seen in etcd's history, from the
 		// revision read at start-up on (only when metrics are served).

@@ -14,6 +14,10 @@ import (
 
 var timeZero time.Time
 
+// testHookBeforeRetain, if set, runs between retention's read of a lock's
+// queue and its transaction (tests add a holder there).
+var testHookBeforeRetain func()
+
 // Sweep counts what one SweepMarks did.
 type Sweep struct {
 	Marks   int // marks looked at
@@ -75,6 +79,9 @@ func (v *Validator) retain(ctx context.Context, s *Sweep, kv *mvccpb.KeyValue, m
 	// Every queue key has version >= 1; an empty range compares as a zero
 	// key: this holds exactly when the queue is empty at commit.
 	free := clientv3.Compare(clientv3.Version(queue), "=", 0).WithPrefix()
+	if testHookBeforeRetain != nil {
+		testHookBeforeRetain()
+	}
 	switch {
 	case q.Count > 0 && !m.idleSince.IsZero():
 		m.idleSince = timeZero

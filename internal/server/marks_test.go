@@ -2,15 +2,19 @@ package server_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/server"
 )
 
@@ -152,5 +156,179 @@ func TestMarksAreVisibleByResourcePrefix(t *testing.T) {
 				t.Fatalf("GetMark(%q) = %v, want %v", tc.res, err, tc.want)
 			}
 		})
+	}
+}
+
+// newFenceEnv is newEnv whose validators (and its replicas') have opts.
+func newFenceEnv(t *testing.T, opts ...fence.Option) *env {
+	t.Helper()
+	e := &env{t: t, dataDir: t.TempDir(), fenceOpts: opts}
+	e.start()
+	t.Cleanup(e.stop)
+	return e
+}
+
+// The per-identity cap on marks is exact under a burst across two
+// replicas: of 60 concurrent first validations of distinct resources by one
+// identity, exactly the cap create a mark; the others answer
+// RESOURCE_EXHAUSTED (TOO_MANY_MARKS) and write nothing. Validations of
+// existing marks go on; a deleted mark frees a place.
+func TestMarkCapIsExactAcrossReplicas(t *testing.T) {
+	const limit, burst = 5, 60
+	e := newFenceEnv(t, fence.WithMarkLimit(limit))
+	r := e.replica()
+	g := e.acquire("writer", time.Minute)
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		got  = map[codes.Code]int{}
+		made []string
+	)
+	for i := range burst {
+		lc := e.lc
+		if i%2 == 1 {
+			lc = r.lc
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res := fmt.Sprintf("bucket/%02d", i)
+			v, err := lc.ValidateToken(ctxT(t, 30*time.Second), &coordinatorv1.ValidateTokenRequest{Name: "writer", Token: g.Token, Resource: res})
+			mu.Lock()
+			defer mu.Unlock()
+			got[code(err)]++
+			switch {
+			case err == nil && v.Valid:
+				made = append(made, res)
+			case code(err) == codes.ResourceExhausted:
+				if info := errorInfo(err); info.GetReason() != "TOO_MANY_MARKS" || info.GetMetadata()["limit"] != fmt.Sprint(limit) {
+					t.Errorf("ErrorInfo = %v, want TOO_MANY_MARKS with limit %d", info, limit)
+				}
+			default:
+				t.Errorf("validate %s: %v, %v", res, v, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(made) != limit || got[codes.ResourceExhausted] != burst-limit {
+		t.Fatalf("burst of %d against a cap of %d: %v (created %q)", burst, limit, got, made)
+	}
+	if n := e.markKeys(); n != limit {
+		t.Fatalf("%d marks in etcd, want %d", n, limit)
+	}
+	// At the cap: existing marks still validate (and advance), new ones do not.
+	e.expectReason("writer", g.Token, made[0], current)
+	if _, err := r.lc.ValidateToken(ctxT(t, 10*time.Second), &coordinatorv1.ValidateTokenRequest{Name: "writer", Token: g.Token, Resource: "bucket/new"}); code(err) != codes.ResourceExhausted {
+		t.Fatalf("a new mark at the cap: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if _, err := e.fc().DeleteMark(ctxT(t, 10*time.Second), &coordinatorv1.DeleteMarkRequest{Resource: made[0]}); err != nil {
+		t.Fatal(err)
+	}
+	e.expectReason("writer", g.Token, "bucket/new", current)
+	if n := e.markKeys(); n != limit {
+		t.Fatalf("%d marks in etcd after delete and create, want %d", n, limit)
+	}
+}
+
+// markKeys counts the mark keys in etcd.
+func (e *env) markKeys() int64 {
+	e.t.Helper()
+	r, err := e.cli.Get(context.Background(), "/test/fence/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return r.Count
+}
+
+// The cross-identity attack of row 6, with authorization: two identities
+// that may both use a shared resource. A's lock owns it once A validated
+// against it; B, holding its own lock with a newer token, is refused and
+// cannot fence A. Only an admin rebinds or deletes the mark.
+func TestAnotherIdentityCannotTakeAMarkOnlyAnAdminMovesIt(t *testing.T) {
+	store, _ := authStore(t, marksPolicy, "ops", "team-a", "team-b")
+	e := newEnvWith(t, []server.Option{authOption(store)})
+	as := func(id string) coordinatorv1.LockServiceClient {
+		return e.dialWith(plaintext(), grpc.WithPerRPCCredentials(bearer("tok-"+id)))
+	}
+	ctx := func() context.Context { return ctxT(t, 10*time.Second) }
+	la, lb := as("team-a"), as("team-b")
+	fa, fops := e.fenceAs("team-a"), e.fenceAs("ops")
+	const res = "shared/db"
+	acquire := func(lc coordinatorv1.LockServiceClient, name string) *coordinatorv1.AcquireResponse {
+		g, err := lc.Acquire(ctx(), &coordinatorv1.AcquireRequest{Name: name, Ttl: dur(time.Minute)})
+		if err != nil {
+			t.Fatalf("acquire %s: %v", name, err)
+		}
+		return g
+	}
+	validate := func(lc coordinatorv1.LockServiceClient, name string, token int64) (*coordinatorv1.ValidateTokenResponse, error) {
+		return lc.ValidateToken(ctx(), &coordinatorv1.ValidateTokenRequest{Name: name, Token: token, Resource: res})
+	}
+	ga := acquire(la, "a/writer")
+	if v, err := validate(la, "a/writer", ga.Token); err != nil || !v.Valid {
+		t.Fatalf("A validates: %v, %v", v, err)
+	}
+	gb := acquire(lb, "b/writer")
+	_, err := validate(lb, "b/writer", gb.Token)
+	if code(err) != codes.FailedPrecondition || errorInfo(err).GetReason() != "MARK_OWNED_BY_OTHER_LOCK" || errorInfo(err).GetMetadata()["lock"] != "a/writer" {
+		t.Fatalf("B against A's resource: %v (%v), want FAILED_PRECONDITION MARK_OWNED_BY_OTHER_LOCK naming a/writer", err, errorInfo(err))
+	}
+	if v, err := validate(la, "a/writer", ga.Token); err != nil || !v.Valid {
+		t.Fatalf("A after B's attempt: %v, %v; want still valid (not fenced)", v, err)
+	}
+
+	// Only admins delete or rebind.
+	for _, who := range []struct {
+		name string
+		fc   coordinatorv1.FenceServiceClient
+	}{{"team-a", fa}, {"team-b", e.fenceAs("team-b")}} {
+		if _, err := who.fc.RebindMark(ctx(), &coordinatorv1.RebindMarkRequest{Resource: res, Lock: "b/writer"}); code(err) != codes.PermissionDenied {
+			t.Fatalf("RebindMark by %s: %v, want PERMISSION_DENIED", who.name, err)
+		}
+		if _, err := who.fc.DeleteMark(ctx(), &coordinatorv1.DeleteMarkRequest{Resource: res}); code(err) != codes.PermissionDenied {
+			t.Fatalf("DeleteMark by %s: %v, want PERMISSION_DENIED", who.name, err)
+		}
+	}
+	// Rebind: the token stays, B's lock owns the mark, A's is refused.
+	rb, err := fops.RebindMark(ctx(), &coordinatorv1.RebindMarkRequest{Resource: res, Lock: "b/writer"})
+	if err != nil || rb.GetMark().GetLock() != "b/writer" || rb.GetMark().GetToken() != ga.Token {
+		t.Fatalf("RebindMark by the admin: %v, %v", rb, err)
+	}
+	if v, err := validate(lb, "b/writer", gb.Token); err != nil || !v.Valid {
+		t.Fatalf("B after the rebind: %v, %v", v, err)
+	}
+	if _, err := validate(la, "a/writer", ga.Token); code(err) != codes.FailedPrecondition {
+		t.Fatalf("A after the rebind: %v, want FAILED_PRECONDITION", err)
+	}
+	// Delete: the mark is gone; the next current token owns the resource.
+	d, err := fops.DeleteMark(ctx(), &coordinatorv1.DeleteMarkRequest{Resource: res})
+	if err != nil || d.GetMark().GetToken() != gb.Token || d.GetMark().GetLock() != "b/writer" {
+		t.Fatalf("DeleteMark by the admin: %v, %v", d, err)
+	}
+	if _, err := fops.GetMark(ctx(), &coordinatorv1.GetMarkRequest{Resource: res}); code(err) != codes.NotFound {
+		t.Fatalf("GetMark after delete: %v, want NOT_FOUND", err)
+	}
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"DeleteMark", func() error {
+			_, err := fops.DeleteMark(ctx(), &coordinatorv1.DeleteMarkRequest{Resource: res})
+			return err
+		}},
+		{"RebindMark", func() error {
+			_, err := fops.RebindMark(ctx(), &coordinatorv1.RebindMarkRequest{Resource: res, Lock: "a/writer"})
+			return err
+		}},
+	} {
+		if err := tc.call(); code(err) != codes.NotFound {
+			t.Fatalf("%s without a mark: %v, want NOT_FOUND", tc.name, err)
+		}
+	}
+	if v, err := validate(la, "a/writer", ga.Token); err != nil || !v.Valid {
+		t.Fatalf("A after the delete: %v, %v", v, err)
+	}
+	if g, err := fa.GetMark(ctx(), &coordinatorv1.GetMarkRequest{Resource: res}); err != nil || g.GetMark().GetLock() != "a/writer" {
+		t.Fatalf("the new mark: %v, %v", g, err)
 	}
 }
