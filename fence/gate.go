@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -150,6 +151,9 @@ func (g *Gate) Do(ctx context.Context, lock string, token int64, write func(cont
 		cctx, cancel := context.WithTimeout(ctx, g.checkTimeout)
 		defer cancel()
 		v, err := g.val.ValidateToken(cctx, lock, token, g.resource)
+		if ownedByAnotherLock(err) {
+			return fmt.Errorf("%w: %v", ErrWrongLock, err)
+		}
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
@@ -176,6 +180,22 @@ func (g *Gate) Do(ctx context.Context, lock string, token int64, write func(cont
 		return err
 	}
 	return write(ctx)
+}
+
+// ownedByAnotherLock tells whether the coordinator refused the check
+// because the resource's mark belongs to another lock (a refusal of the
+// request, not a failure to retry).
+func ownedByAnotherLock(err error) bool {
+	st, ok := status.FromError(err)
+	if err == nil || !ok || st.Code() != codes.FailedPrecondition {
+		return false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == "MARK_OWNED_BY_OTHER_LOCK" {
+			return true
+		}
+	}
+	return false
 }
 
 // refusal reports whether err is one of the Gate's refusals.

@@ -56,7 +56,8 @@ var (
 	// that is not a positive decimal integer.
 	ErrMissing = errors.New("fence: the request carries no valid lock name and fencing token")
 	// ErrWrongLock: the request names a lock other than the one the gate
-	// requires.
+	// requires, or the coordinator binds the resource's mark to another
+	// lock (MARK_OWNED_BY_OTHER_LOCK).
 	ErrWrongLock = errors.New("fence: the request names a lock this resource is not protected by")
 	// ErrUnavailable: the coordinator could not be asked; retry.
 	ErrUnavailable = errors.New("fence: the coordinator could not validate the token; retry")
