@@ -22,6 +22,12 @@ func TestMain(m *testing.M) {
 
 func setup(t *testing.T, opts ...Option) (*lease.Manager, *Validator) {
 	t.Helper()
+	return setupB(t, opts...)
+}
+
+// setupB is setup for tests and benchmarks.
+func setupB(t testing.TB, opts ...Option) (*lease.Manager, *Validator) {
+	t.Helper()
 	e, err := embedetcd.Start(context.Background(), t.TempDir(), embedetcd.WithFastElection())
 	if err != nil {
 		t.Fatal(err)
