@@ -94,8 +94,10 @@ func WithCoordinator(v Validator, resource string) GateOption {
 }
 
 // WithLock admits only requests for this lock name (others: ErrWrongLock).
-// Recommended: otherwise a holder of any lock, with a token above the mark,
-// passes.
+// Recommended: without it, a Guard alone admits a holder of any lock with a
+// token above its mark, and the coordinator binds the resource to whichever
+// lock validates against it first (other locks' tokens are then refused,
+// ErrWrongLock).
 func WithLock(name string) GateOption { return func(x *Gate) { x.lock = name } }
 
 // WithCheckTimeout bounds each coordinator check, retries of UNAVAILABLE

@@ -36,7 +36,8 @@
 //
 // Stale tokens are refused with HTTP 409 Conflict / gRPC FAILED_PRECONDITION,
 // missing or malformed ones with 400 / INVALID_ARGUMENT, a lock name other
-// than the one the gate requires (WithLock) with 403 / PERMISSION_DENIED,
+// than the one the gate requires (WithLock), or than the one that owns the
+// resource's mark in the coordinator, with 403 / PERMISSION_DENIED,
 // and a coordinator that cannot be asked with 503 / UNAVAILABLE.
 package fence
 
