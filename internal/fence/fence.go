@@ -85,6 +85,7 @@ type Validator struct {
 	// those that read etcd themselves while it was running.
 	viewed, readBack atomic.Int64
 	markLimit        int64 // WithMarkLimit
+	creating         creators
 }
 
 // Follow keeps a watch-fed view of every lock's holder until ctx ends, so
@@ -312,6 +313,11 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 // revision) and raised in the same transaction, so no burst on any number
 // of replicas creates more than the cap.
 func (v *Validator) createAt(ctx context.Context, verdict Verdict, holds []clientv3.Cmp, next Mark) (Verdict, attempt, error) {
+	release, err := v.creating.acquire(ctx, next.creator)
+	if err != nil {
+		return Verdict{}, attemptDone, err
+	}
+	defer release()
 	c, err := v.readCount(ctx, next.creator)
 	if err != nil {
 		return Verdict{}, attemptDone, err
