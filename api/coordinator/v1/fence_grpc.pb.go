@@ -53,11 +53,14 @@ const (
 // that creates the mark, so no burst or number of replicas exceeds it;
 // deleting a mark frees its place.
 //
-// Retention: the coordinator deletes a mark that has not advanced for the
-// server's --mark-retention (30 days out of the box; 0 keeps marks forever)
-// when its lock has no holder and no waiter, in a transaction that asserts
-// both (the mark unchanged, the lock's queue empty). Why deleting such a
-// mark cannot let a stale token through:
+// Retention: every replica sweeps the marks periodically. A mark whose lock
+// has no holder and no waiter (an empty queue) is stamped idle; a holder or
+// waiter seen at a later sweep, an advance or a rebind clears the stamp; a
+// mark stamped at least the server's --mark-retention ago (30 days out of
+// the box; 0 keeps marks forever) is deleted, in a transaction that asserts
+// the mark is unchanged and the lock's queue still empty, and that frees
+// its place in its creator's cap. Why deleting such a mark cannot let a
+// stale token through:
 //
 //  1. A token is the etcd create revision of its grant's queue key, and a
 //     token validates (REASON_CURRENT) only while that key exists and is the
@@ -196,11 +199,14 @@ func (c *fenceServiceClient) RebindMark(ctx context.Context, in *RebindMarkReque
 // that creates the mark, so no burst or number of replicas exceeds it;
 // deleting a mark frees its place.
 //
-// Retention: the coordinator deletes a mark that has not advanced for the
-// server's --mark-retention (30 days out of the box; 0 keeps marks forever)
-// when its lock has no holder and no waiter, in a transaction that asserts
-// both (the mark unchanged, the lock's queue empty). Why deleting such a
-// mark cannot let a stale token through:
+// Retention: every replica sweeps the marks periodically. A mark whose lock
+// has no holder and no waiter (an empty queue) is stamped idle; a holder or
+// waiter seen at a later sweep, an advance or a rebind clears the stamp; a
+// mark stamped at least the server's --mark-retention ago (30 days out of
+// the box; 0 keeps marks forever) is deleted, in a transaction that asserts
+// the mark is unchanged and the lock's queue still empty, and that frees
+// its place in its creator's cap. Why deleting such a mark cannot let a
+// stale token through:
 //
 //  1. A token is the etcd create revision of its grant's queue key, and a
 //     token validates (REASON_CURRENT) only while that key exists and is the
