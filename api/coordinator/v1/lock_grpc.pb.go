@@ -60,14 +60,15 @@ const (
 //   - DEADLINE_EXCEEDED / CANCELLED: the caller's own deadline or cancellation.
 //   - NOT_FOUND: KeepAlive on a grant that no longer lives (or a wrong handle).
 //   - FAILED_PRECONDITION: renewal past max_hold; a session acquiring a lock
-//     it already holds or waits for.
+//     it already holds or waits for; ValidateToken against a resource whose
+//     mark another lock owns.
 //   - OUT_OF_RANGE: Watch from a compacted start_revision.
 //   - UNAUTHENTICATED: no verified client certificate or bearer token, when
 //     the server requires one.
 //   - PERMISSION_DENIED: the caller's identity may not use this lock name,
 //     prefix or resource, or call an admin-only method (ForceRelease).
 //   - RESOURCE_EXHAUSTED: a server limit (waiters per lock, message size,
-//     request rate).
+//     request rate, resource marks per identity).
 //   - UNAVAILABLE: etcd unreachable, no quorum, or the replica is shutting
 //     down. Safe to retry (on any replica), with the same request_id.
 type LockServiceClient interface {
@@ -298,14 +299,15 @@ func (c *lockServiceClient) List(ctx context.Context, in *ListRequest, opts ...g
 //   - DEADLINE_EXCEEDED / CANCELLED: the caller's own deadline or cancellation.
 //   - NOT_FOUND: KeepAlive on a grant that no longer lives (or a wrong handle).
 //   - FAILED_PRECONDITION: renewal past max_hold; a session acquiring a lock
-//     it already holds or waits for.
+//     it already holds or waits for; ValidateToken against a resource whose
+//     mark another lock owns.
 //   - OUT_OF_RANGE: Watch from a compacted start_revision.
 //   - UNAUTHENTICATED: no verified client certificate or bearer token, when
 //     the server requires one.
 //   - PERMISSION_DENIED: the caller's identity may not use this lock name,
 //     prefix or resource, or call an admin-only method (ForceRelease).
 //   - RESOURCE_EXHAUSTED: a server limit (waiters per lock, message size,
-//     request rate).
+//     request rate, resource marks per identity).
 //   - UNAVAILABLE: etcd unreachable, no quorum, or the replica is shutting
 //     down. Safe to retry (on any replica), with the same request_id.
 type LockServiceServer interface {
