@@ -228,6 +228,44 @@ func TestMiddlewareWithCoordinator(t *testing.T) {
 	}
 }
 
+// A gate that admits any lock, over a resource the coordinator already
+// binds to another lock: the coordinator's refusal is the gate's
+// ErrWrongLock (403), not a coordinator failure to retry (503), and the
+// handler does not run.
+func TestMiddlewareResourceOwnedByAnotherLock(t *testing.T) {
+	c, err := client.Dial(coordinatorAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	gate, err := fence.NewGate(fence.WithCoordinator(c, "bucket/owned"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := 0
+	srv := httptest.NewServer(gate.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { ran++ })))
+	defer srv.Close()
+	owner, err := c.Acquire(ctxT(t, 10*time.Second), "owned-writer", client.WithTTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Release(context.Background())
+	other, err := c.Acquire(ctxT(t, 10*time.Second), "other-writer", client.WithTTL(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Release(context.Background())
+	if s := httpPut(t, srv.URL, "owned-writer", owner.Token()); s != http.StatusOK {
+		t.Fatalf("owner's write: %d", s)
+	}
+	if s := httpPut(t, srv.URL, "other-writer", other.Token()); s != http.StatusForbidden {
+		t.Fatalf("another lock's write: %d, want 403", s)
+	}
+	if ran != 1 {
+		t.Fatalf("handler ran %d times, want once (the owner's write)", ran)
+	}
+}
+
 // The coordinator cannot be reached: 503 once the check timeout passes,
 // and the handler does not run.
 func TestMiddlewareCoordinatorDown(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -93,8 +94,10 @@ func WithCoordinator(v Validator, resource string) GateOption {
 }
 
 // WithLock admits only requests for this lock name (others: ErrWrongLock).
-// Recommended: otherwise a holder of any lock, with a token above the mark,
-// passes.
+// Recommended: without it, a Guard alone admits a holder of any lock with a
+// token above its mark, and the coordinator binds the resource to whichever
+// lock validates against it first (other locks' tokens are then refused,
+// ErrWrongLock).
 func WithLock(name string) GateOption { return func(x *Gate) { x.lock = name } }
 
 // WithCheckTimeout bounds each coordinator check, retries of UNAVAILABLE
@@ -150,6 +153,9 @@ func (g *Gate) Do(ctx context.Context, lock string, token int64, write func(cont
 		cctx, cancel := context.WithTimeout(ctx, g.checkTimeout)
 		defer cancel()
 		v, err := g.val.ValidateToken(cctx, lock, token, g.resource)
+		if ownedByAnotherLock(err) {
+			return fmt.Errorf("%w: %v", ErrWrongLock, err)
+		}
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrUnavailable, err)
 		}
@@ -176,6 +182,22 @@ func (g *Gate) Do(ctx context.Context, lock string, token int64, write func(cont
 		return err
 	}
 	return write(ctx)
+}
+
+// ownedByAnotherLock tells whether the coordinator refused the check
+// because the resource's mark belongs to another lock (a refusal of the
+// request, not a failure to retry).
+func ownedByAnotherLock(err error) bool {
+	st, ok := status.FromError(err)
+	if err == nil || !ok || st.Code() != codes.FailedPrecondition {
+		return false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == "MARK_OWNED_BY_OTHER_LOCK" {
+			return true
+		}
+	}
+	return false
 }
 
 // refusal reports whether err is one of the Gate's refusals.

@@ -36,7 +36,8 @@
 //
 // Stale tokens are refused with HTTP 409 Conflict / gRPC FAILED_PRECONDITION,
 // missing or malformed ones with 400 / INVALID_ARGUMENT, a lock name other
-// than the one the gate requires (WithLock) with 403 / PERMISSION_DENIED,
+// than the one the gate requires (WithLock), or than the one that owns the
+// resource's mark in the coordinator, with 403 / PERMISSION_DENIED,
 // and a coordinator that cannot be asked with 503 / UNAVAILABLE.
 package fence
 
@@ -56,7 +57,8 @@ var (
 	// that is not a positive decimal integer.
 	ErrMissing = errors.New("fence: the request carries no valid lock name and fencing token")
 	// ErrWrongLock: the request names a lock other than the one the gate
-	// requires.
+	// requires, or the coordinator binds the resource's mark to another
+	// lock (MARK_OWNED_BY_OTHER_LOCK).
 	ErrWrongLock = errors.New("fence: the request names a lock this resource is not protected by")
 	// ErrUnavailable: the coordinator could not be asked; retry.
 	ErrUnavailable = errors.New("fence: the coordinator could not validate the token; retry")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/coordinatord/coordinatord/internal/daemon"
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
+	"github.com/coordinatord/coordinatord/internal/fence"
 )
 
 func main() {
@@ -136,6 +137,8 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs.IntVar(&cfg.RateBurst, "rate-burst", 2000, "burst allowed above -rate-limit (env COORDINATORD_RATE_BURST)")
 	fs.Int64Var(&cfg.MaxWaitersPerLock, "max-waiters-per-lock", 1000, "waiters allowed in one lock's queue; beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_MAX_WAITERS_PER_LOCK)")
 	fs.Int64Var(&cfg.MaxLocksPerIdentity, "max-locks-per-identity", 1000, "locks one authenticated identity may hold or wait for at once, across all replicas; beyond: RESOURCE_EXHAUSTED; applies only with -auth-policy; 0: no limit (env COORDINATORD_MAX_LOCKS_PER_IDENTITY)")
+	fs.Int64Var(&cfg.MaxMarksPerIdentity, "max-marks-per-identity", fence.DefaultMarkLimit, "resource marks (ValidateToken with a resource) one identity may create, across all replicas; unauthenticated callers count as one identity; beyond: RESOURCE_EXHAUSTED; 0: no limit (env COORDINATORD_MAX_MARKS_PER_IDENTITY)")
+	fs.DurationVar(&cfg.MarkRetention, "mark-retention", 30*24*time.Hour, "a resource mark whose lock has had no holder or waiter for this long is deleted (safe: see FenceService in fence.proto); 0: keep marks forever (env COORDINATORD_MARK_RETENTION)")
 	fs.DurationVar(&cfg.MaxWait, "max-wait", 15*time.Minute, "longest queue wait of an Acquire: an unset wait waits this long, a longer one is INVALID_ARGUMENT; 0: no limit (env COORDINATORD_MAX_WAIT)")
 	fs.StringVar(&cfg.HealthListen, "health-listen", "", "plaintext gRPC address serving only grpc.health.v1.Health, for Kubernetes gRPC probes (they cannot speak TLS); empty: off (env COORDINATORD_HEALTH_LISTEN)")
 	fs.StringVar(&level, "log-level", "info", "debug, info, warn or error (env COORDINATORD_LOG_LEVEL)")
@@ -203,6 +206,8 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 		return cfg, nil, errors.New("-max-recv-msg-size, -rate-limit, -rate-burst, -max-waiters-per-lock, -max-locks-per-identity, -max-wait and -keepalive-min-time must not be negative")
 	case cfg.MaxWatchStreams < 0 || cfg.MaxHoldStreams < 0 || cfg.MaxConnections < 0 || cfg.MaxConnectionIdle < 0:
 		return cfg, nil, errors.New("-max-watch-streams-per-caller, -max-hold-streams-per-caller, -max-connections and -max-connection-idle must not be negative")
+	case cfg.MaxMarksPerIdentity < 0 || cfg.MarkRetention < 0:
+		return cfg, nil, errors.New("-max-marks-per-identity and -mark-retention must not be negative")
 	case cfg.AuthReloadInterval <= 0:
 		return cfg, nil, fmt.Errorf("-auth-reload-interval %v: must be positive", cfg.AuthReloadInterval)
 	case cfg.EtcdQuotaBackendBytes < 0:

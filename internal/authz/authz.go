@@ -35,8 +35,9 @@ import (
 // An identity may use a lock name (Acquire, Release, KeepAlive,
 // ValidateToken, Describe and any call naming a lock) when the name starts
 // with one of its lock_prefixes, a resource (ValidateToken.resource) when it
-// starts with one of its resource_prefixes, and List a prefix that itself
-// starts with one of its lock_prefixes. The empty prefix "" matches every
+// starts with one of its resource_prefixes, List a prefix that itself
+// starts with one of its lock_prefixes, and list the marks (ListMarks) of a
+// prefix that itself starts with one of its resource_prefixes. The empty prefix "" matches every
 // name. Admins may do everything, including admin-only calls. An identity
 // not in the file may do nothing.
 type Policy struct {
@@ -113,6 +114,10 @@ func (p *Policy) MayList(id, prefix string) bool { return p.MayLock(id, prefix) 
 func (p *Policy) MayResource(id, resource string) bool {
 	return p.IsAdmin(id) || hasPrefix(p.Identities[id].ResourcePrefixes, resource)
 }
+
+// MayListResources tells whether id may list the marks of the resources
+// whose names start with prefix: only if every such name is one it may use.
+func (p *Policy) MayListResources(id, prefix string) bool { return p.MayResource(id, prefix) }
 
 // Tokens maps the SHA-256 of bearer tokens to identities. The file has one
 // "identity sha256-hex-of-token" pair per line; blank lines and lines

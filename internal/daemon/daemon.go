@@ -118,6 +118,8 @@ type Config struct {
 	MaxHoldStreams       int           // concurrent Hold streams per caller (identity, else IP)
 	MaxConnections       int           // open client connections on the gRPC listener
 	MaxConnectionIdle    time.Duration // a connection without calls this long is sent GOAWAY
+	MaxMarksPerIdentity  int64         // resource marks one identity may create (unauthenticated callers: one identity)
+	MarkRetention        time.Duration // a mark whose lock stayed free this long is deleted (see fence.SweepMarks)
 }
 
 // readyService is the gRPC health service name that follows etcd's
@@ -195,7 +197,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	val := fence.New(cli, mgr.Keyspace())
+	val := fence.New(cli, mgr.Keyspace(), fence.WithMarkLimit(cfg.MaxMarksPerIdentity))
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := server.NewMetrics(reg)
@@ -338,6 +340,7 @@ func Run(ctx context.Context, cfg Config) error {
 	g.Go(func() error { ready.Run(gctx); return nil })
 	// Validations share one barrier read and answer from a watch-fed view.
 	g.Go(func() error { return val.Follow(gctx, log) })
+	g.Go(func() error { return val.RetainMarks(gctx, cfg.MarkRetention, log) })
 	if hsrv != nil {
 		// Hold times and expiries are seen in etcd's history, from the
 		// revision read at start-up on (only when metrics are served).

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
+
+	"github.com/coordinatord/coordinatord/internal/lease"
 )
 
 // BenchmarkViewHolder is the in-memory part of a validation answered from
@@ -23,6 +26,26 @@ func BenchmarkViewHolder(b *testing.B) {
 	for b.Loop() {
 		if cur, ok := w.holder(ctx, q, 10); !ok || cur != 2*4242+1 {
 			b.Fatalf("holder = %d, %v", cur, ok)
+		}
+	}
+}
+
+// BenchmarkValidateAtMark is a validation with a resource in the steady
+// state of a writer: the holder's token at its own mark (one read-only
+// transaction, no write), on a real embedded etcd.
+func BenchmarkValidateAtMark(b *testing.B) {
+	m, v := setupB(b)
+	ctx := context.Background()
+	g, err := m.Acquire(ctx, "l", lease.WithTTL(time.Minute))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if verdict, err := v.Validate(ctx, "l", g.Token, "r"); err != nil || !verdict.Valid {
+		b.Fatalf("first validation: %+v, %v", verdict, err)
+	}
+	for b.Loop() {
+		if verdict, err := v.Validate(ctx, "l", g.Token, "r"); err != nil || !verdict.Valid {
+			b.Fatalf("validation: %+v, %v", verdict, err)
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -83,6 +84,8 @@ type Validator struct {
 	// viewed and readBack count validations answered from the view and
 	// those that read etcd themselves while it was running.
 	viewed, readBack atomic.Int64
+	markLimit        int64 // WithMarkLimit
+	creating         creators
 }
 
 // Follow keeps a watch-fed view of every lock's holder until ctx ends, so
@@ -111,9 +114,15 @@ func (v *Validator) FollowInBackground(log *slog.Logger) (stop func()) {
 }
 
 // New returns a Validator for the locks laid out by ks; marks live under
-// ks.Prefix()+"fence/".
-func New(cli *clientv3.Client, ks lease.Keyspace) *Validator {
-	return &Validator{cli: cli, ks: ks, reads: reads{cli: cli, barrier: ks.Prefix() + "fence/barrier"}}
+// ks.Prefix()+"fence/", their per-identity counters under
+// ks.Prefix()+"markcounts/". Without WithMarkLimit, an identity may create
+// DefaultMarkLimit marks.
+func New(cli *clientv3.Client, ks lease.Keyspace, opts ...Option) *Validator {
+	v := &Validator{cli: cli, ks: ks, reads: reads{cli: cli, barrier: ks.Prefix() + "fence/barrier"}, markLimit: DefaultMarkLimit}
+	for _, o := range opts {
+		o(v)
+	}
+	return v
 }
 
 // Validate tells whether token is the current holder's token for name. The
@@ -124,7 +133,13 @@ func New(cli *clientv3.Client, ks lease.Keyspace) *Validator {
 // resource's high-water mark; a valid answer advances the mark to the token,
 // in the same etcd transaction that asserts the token is still the holder's.
 // A token below the mark answers Fenced, whatever the lock's state.
-func (v *Validator) Validate(ctx context.Context, name string, token int64, resource string) (Verdict, error) {
+//
+// A mark belongs to the lock that created it: a validation against the
+// resource with another lock's name is refused with a *MarkOwnedError, and
+// changes nothing. Creating a mark counts against the caller's cap (see
+// AsIdentity, WithMarkLimit): beyond it, a *TooManyMarksError, and nothing
+// is written.
+func (v *Validator) Validate(ctx context.Context, name string, token int64, resource string, opts ...ValidateOption) (Verdict, error) {
 	if err := lease.ValidateName("name", name, false); err != nil {
 		return Verdict{}, err
 	}
@@ -137,14 +152,39 @@ func (v *Validator) Validate(ctx context.Context, name string, token int64, reso
 	if err := lease.ValidateName("resource", resource, false); err != nil {
 		return Verdict{}, err
 	}
-	for range maxAttempts {
-		verdict, done, err := v.validateAt(ctx, name, token, resource)
-		if err != nil || done {
+	var o validateOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	ih := identityHash(o.identity)
+	// Lost advances are bounded by maxAttempts; lost creations are not
+	// counted there: each one means another creation by the same identity
+	// won (progress, bounded by its cap), so a burst of one identity's
+	// first validations is served rather than refused as contention.
+	for lost, tries := 0, 0; lost < maxAttempts && tries < maxCreateAttempts; tries++ {
+		verdict, res, err := v.validateAt(ctx, name, token, resource, ih)
+		switch {
+		case err != nil || res == attemptDone:
 			return verdict, err
+		case res == attemptLostAdvance:
+			lost++
 		}
 	}
 	return Verdict{}, fmt.Errorf("%w: %w (resource %q); retry", lease.ErrUnavailable, errConflict, resource)
 }
+
+// maxCreateAttempts bounds all attempts of one validation, creations
+// included.
+const maxCreateAttempts = 256
+
+// attempt is how one optimistic attempt ended.
+type attempt int
+
+const (
+	attemptDone        attempt = iota // answered (or failed)
+	attemptLostAdvance                // the mark or holder changed: retry
+	attemptLostCreate                 // another creation won: retry
+)
 
 func (v *Validator) validate(ctx context.Context, name string, token int64) (Verdict, error) {
 	if w := v.view.Load(); w != nil && w.following() {
@@ -194,9 +234,9 @@ func judge(token, cur, mark int64) Verdict {
 
 // validateAt is one optimistic attempt: read the holder and the mark at one
 // revision, then, for a valid token above the mark, advance the mark in a
-// transaction that asserts nothing changed. done is false when the
-// transaction lost a race and the caller should try again.
-func (v *Validator) validateAt(ctx context.Context, name string, token int64, resource string) (Verdict, bool, error) {
+// transaction that asserts nothing changed (createAt when there is no mark
+// yet). ih is the caller's identity hash.
+func (v *Validator) validateAt(ctx context.Context, name string, token int64, resource, ih string) (Verdict, attempt, error) {
 	queue := v.ks.Queue(name)
 	markKey := v.markKey(resource)
 	// A read-only transaction: both reads at one linearizable revision.
@@ -205,7 +245,7 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 		clientv3.OpGet(markKey),
 	).Commit()
 	if err != nil {
-		return Verdict{}, false, v.etcdErr(ctx, "validate", err)
+		return Verdict{}, attemptDone, v.etcdErr(ctx, "validate", err)
 	}
 	var (
 		cur       int64
@@ -222,11 +262,16 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 		m = decodeMark(resource, kvs[0])
 		markMR = kvs[0].ModRevision
 	}
+	if markMR != 0 && m.Lock != name {
+		// Another lock's resource: refused whatever the token, so that no
+		// holder of one lock can raise (and fence) another lock's mark.
+		return Verdict{}, attemptDone, &MarkOwnedError{Resource: resource, Lock: name, Owner: m.Lock}
+	}
 	verdict := judge(token, cur, m.Token)
 	if !verdict.Valid || token == m.Token {
 		// Refused, or the same holder again: the read alone is the answer
 		// (both facts held at revision r.Header.Revision).
-		return verdict, true, nil
+		return verdict, attemptDone, nil
 	}
 	// Advance the mark only if, at commit, the holder's key still exists
 	// with create revision token (it was the lowest in the queue, and keys
@@ -239,20 +284,63 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 	if testHookBeforeAdvance != nil {
 		testHookBeforeAdvance()
 	}
-	next := Mark{Resource: resource, Token: token, Lock: name}
-	tr, err := v.cli.Txn(ctx).If(
+	holds := []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(queue), ">", token-1).WithPrefix(),
 		clientv3.Compare(clientv3.CreateRevision(holderKey), "=", token),
-		clientv3.Compare(clientv3.ModRevision(markKey), "=", markMR),
+	}
+	if markMR == 0 {
+		return v.createAt(ctx, verdict, holds, Mark{Resource: resource, Token: token, Lock: name, creator: ih})
+	}
+	// The creator stays (its cap counts the mark until it is deleted); an
+	// advance ends any idle period retention saw.
+	next := Mark{Resource: resource, Token: token, Lock: name, creator: m.creator}
+	tr, err := v.cli.Txn(ctx).If(append(holds,
+		clientv3.Compare(clientv3.ModRevision(markKey), "=", markMR))...,
 	).Then(clientv3.OpPut(markKey, next.encode())).Commit()
 	if err != nil {
-		return Verdict{}, false, v.etcdErr(ctx, "advance mark", err)
+		return Verdict{}, attemptDone, v.etcdErr(ctx, "advance mark", err)
 	}
 	if !tr.Succeeded {
-		return Verdict{}, false, nil
+		return Verdict{}, attemptLostAdvance, nil
 	}
 	verdict.Mark = token
-	return verdict, true, nil
+	return verdict, attemptDone, nil
+}
+
+// createAt creates the resource's first mark, owned by the validated lock,
+// if the token still holds (holds), nobody created the mark meanwhile, and
+// the creator is under its cap: the counter read here is compared (mod
+// revision) and raised in the same transaction, so no burst on any number
+// of replicas creates more than the cap.
+func (v *Validator) createAt(ctx context.Context, verdict Verdict, holds []clientv3.Cmp, next Mark) (Verdict, attempt, error) {
+	release, err := v.creating.acquire(ctx, next.creator)
+	if err != nil {
+		return Verdict{}, attemptDone, err
+	}
+	defer release()
+	c, err := v.readCount(ctx, next.creator)
+	if err != nil {
+		return Verdict{}, attemptDone, err
+	}
+	if err := v.admit(c); err != nil {
+		return Verdict{}, attemptDone, err
+	}
+	markKey := v.markKey(next.Resource)
+	tr, err := v.cli.Txn(ctx).If(append(holds,
+		clientv3.Compare(clientv3.ModRevision(markKey), "=", 0),
+		clientv3.Compare(clientv3.ModRevision(c.key), "=", c.mr))...,
+	).Then(
+		clientv3.OpPut(markKey, next.encode()),
+		clientv3.OpPut(c.key, strconv.FormatInt(c.n+1, 10)),
+	).Commit()
+	if err != nil {
+		return Verdict{}, attemptDone, v.etcdErr(ctx, "create mark", err)
+	}
+	if !tr.Succeeded {
+		return Verdict{}, attemptLostCreate, nil
+	}
+	verdict.Mark = next.Token
+	return verdict, attemptDone, nil
 }
 
 func (v *Validator) etcdErr(ctx context.Context, op string, err error) error {

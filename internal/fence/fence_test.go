@@ -20,7 +20,13 @@ func TestMain(m *testing.M) {
 	)
 }
 
-func setup(t *testing.T) (*lease.Manager, *Validator) {
+func setup(t *testing.T, opts ...Option) (*lease.Manager, *Validator) {
+	t.Helper()
+	return setupB(t, opts...)
+}
+
+// setupB is setup for tests and benchmarks.
+func setupB(t testing.TB, opts ...Option) (*lease.Manager, *Validator) {
 	t.Helper()
 	e, err := embedetcd.Start(context.Background(), t.TempDir(), embedetcd.WithFastElection())
 	if err != nil {
@@ -37,7 +43,7 @@ func setup(t *testing.T) (*lease.Manager, *Validator) {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.Close)
-	return m, New(cli, m.Keyspace())
+	return m, New(cli, m.Keyspace(), opts...)
 }
 
 // The holder changes between the read that finds the token current and the

@@ -3,6 +3,8 @@ package fence
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -13,40 +15,84 @@ import (
 )
 
 // Mark is a resource's high-water mark: the greatest token ValidateToken
-// has accepted for it. Marks are plain etcd keys, <prefix>fence/<escaped
-// resource>, without a lease: they survive restarts and are never removed
-// by the coordinator.
+// has accepted for it, and the lock that owns it. Marks are plain etcd keys,
+// <prefix>fence/<escaped resource>, without a lease: they survive restarts
+// and are removed only by an admin (DeleteMark) or by retention (SweepMarks).
 type Mark struct {
 	Resource string
 	// Token is the greatest token accepted for the resource.
 	Token int64
-	// Lock is the lock name the token was validated with.
+	// Lock is the lock that owns the mark: the first lock whose token
+	// raised it, or the lock of the last RebindMark. Only its tokens raise
+	// the mark; any other lock's are refused (*MarkOwnedError).
 	Lock string
 	// UpdatedAt is when the mark last advanced (coordinator clock).
 	UpdatedAt time.Time
+
+	// creator is the hex SHA-256 of the identity that created the mark, the
+	// identity whose cap counts it; "" for a mark created before marks were
+	// counted (it counts against nobody).
+	creator string
+	// idleSince is when retention first saw the mark's lock free (zero:
+	// not seen so); any advance clears it.
+	idleSince time.Time
 }
 
 // markValue is the stored form of a Mark.
 type markValue struct {
-	Token int64  `json:"token"`
-	Lock  string `json:"lock"`
-	At    int64  `json:"at"` // unix ns
+	Token   int64  `json:"token"`
+	Lock    string `json:"lock"`
+	At      int64  `json:"at"`             // unix ns
+	Creator string `json:"ih,omitempty"`   // hex sha256 of the creating identity
+	Idle    int64  `json:"idle,omitempty"` // unix ns; see Mark.idleSince
 }
 
+// encode is the stored form of m, stamped as updated now.
 func (m Mark) encode() string {
-	b, _ := json.Marshal(markValue{Token: m.Token, Lock: m.Lock, At: time.Now().UnixNano()}) // plain fields: cannot fail
+	return m.encodeAt(time.Now())
+}
+
+// encodeAt is the stored form of m, stamped as updated at.
+func (m Mark) encodeAt(at time.Time) string {
+	v := markValue{Token: m.Token, Lock: m.Lock, At: at.UnixNano(), Creator: m.creator}
+	if !m.idleSince.IsZero() {
+		v.Idle = m.idleSince.UnixNano()
+	}
+	b, _ := json.Marshal(v) // plain fields: cannot fail
 	return string(b)
 }
 
 func decodeMark(resource string, kv *mvccpb.KeyValue) Mark {
 	var v markValue
 	_ = json.Unmarshal(kv.Value, &v) // a foreign value reads as a zero mark
-	m := Mark{Resource: resource, Token: v.Token, Lock: v.Lock}
+	m := Mark{Resource: resource, Token: v.Token, Lock: v.Lock, creator: v.Creator}
 	if v.At != 0 {
 		m.UpdatedAt = time.Unix(0, v.At)
 	}
+	if v.Idle != 0 {
+		m.idleSince = time.Unix(0, v.Idle)
+	}
 	return m
 }
+
+// ErrMarkOwnedByOtherLock: the resource's mark belongs to another lock.
+// Returned as *MarkOwnedError.
+var ErrMarkOwnedByOtherLock = errors.New("fence: the resource's mark belongs to another lock")
+
+// MarkOwnedError refuses a validation against a resource whose mark belongs
+// to another lock than the one validated: one lock's holder must not raise
+// (and so fence) a resource that another lock protects.
+type MarkOwnedError struct {
+	Resource, Lock, Owner string
+}
+
+func (e *MarkOwnedError) Error() string {
+	return fmt.Sprintf("fence: resource %q is protected by lock %q, not %q: validate that lock's token, "+
+		"or ask an admin to rebind the mark (RebindMark) if the resource changed hands", e.Resource, e.Owner, e.Lock)
+}
+
+// Is makes errors.Is(err, ErrMarkOwnedByOtherLock) true.
+func (e *MarkOwnedError) Is(target error) bool { return target == ErrMarkOwnedByOtherLock }
 
 func (v *Validator) marks() string { return v.ks.Prefix() + "fence/" }
 

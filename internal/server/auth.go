@@ -20,6 +20,8 @@ import (
 // names.
 var AdminOnly = map[string]bool{
 	coordinatorv1.LockService_ForceRelease_FullMethodName: true,
+	coordinatorv1.FenceService_DeleteMark_FullMethodName:  true,
+	coordinatorv1.FenceService_RebindMark_FullMethodName:  true,
 }
 
 // AnyKnownIdentity are the methods every identity named in the policy may
@@ -69,8 +71,8 @@ func WithIdentityFromCN() AuthOption { return func(c *authConfig) { c.fromCN = t
 //
 // Authorization, per request message (each message of a stream): a GetName()
 // must be a lock name the identity may use, a GetPrefix() a prefix it may
-// List (refused, not filtered), a non-empty GetResource() a resource it may
-// use; the AnyKnownIdentity methods (sessions) need an identity the policy
+// List (refused, not filtered; ListMarks' prefix: a resource prefix it may
+// list), a non-empty GetResource() a resource it may use; the AnyKnownIdentity methods (sessions) need an identity the policy
 // names; a message with none of these, and the AdminOnly methods, need an
 // admin. Hold streams are checked by the name of their first message.
 // Otherwise PERMISSION_DENIED, before the handler runs: nothing about the
@@ -232,6 +234,14 @@ func authorize(p *authz.Policy, id, method string, req any) error {
 		default:
 			return nil
 		}
+	}
+	// ListMarks lists resources, not locks: its prefix is checked against
+	// the resource prefixes (and every mark it lists is inside it).
+	if r, ok := req.(*coordinatorv1.ListMarksRequest); ok {
+		if !p.MayListResources(id, r.GetPrefix()) {
+			return denied(id, "may not list the marks of this prefix: list a prefix inside your own resource prefixes")
+		}
+		return nil
 	}
 	checked := false
 	if r, ok := req.(named); ok {

@@ -124,7 +124,8 @@ func TestAuthorizationMatrix(t *testing.T) {
 			return err
 		}, codes.OK, inLock},
 		{"ValidateToken with resource", func(lc coordinatorv1.LockServiceClient, lock string) error {
-			_, err := lc.ValidateToken(ctx(), &coordinatorv1.ValidateTokenRequest{Name: lock, Token: held[lock].Token, Resource: "res-a/db"})
+			// A resource per lock: a mark belongs to the first lock that raised it.
+			_, err := lc.ValidateToken(ctx(), &coordinatorv1.ValidateTokenRequest{Name: lock, Token: held[lock].Token, Resource: "res-a/db-" + lock})
 			return err
 		}, codes.OK, func(caller, lock string) bool { return caller == "ops" || caller == "a" && lock == "a/held" }},
 		{"Describe", func(lc coordinatorv1.LockServiceClient, lock string) error {

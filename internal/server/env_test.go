@@ -51,6 +51,8 @@ type env struct {
 	stopped bool
 	// stopFollow stops the validator's holder view and waits for it.
 	stopFollow func()
+	// fenceOpts configure the validators of the coordinator and its replicas.
+	fenceOpts []fence.Option
 }
 
 func newEnv(t *testing.T, opts ...lease.Option) *env {
@@ -79,7 +81,7 @@ func (e *env) start(opts ...lease.Option) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	val := fence.New(e.cli, e.mgr.Keyspace())
+	val := fence.New(e.cli, e.mgr.Keyspace(), e.fenceOpts...)
 	svc := server.NewLockService(e.mgr, val, nil)
 	e.gs, _ = server.NewGRPCServer(svc, nil)
 	// Every test's validations go through the watch-fed holder view.
@@ -270,7 +272,7 @@ func (e *env) replica() *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs, _ := server.NewGRPCServer(server.NewLockService(mgr, fence.New(cli, mgr.Keyspace()), nil), nil)
+	gs, _ := server.NewGRPCServer(server.NewLockService(mgr, fence.New(cli, mgr.Keyspace(), e.fenceOpts...), nil), nil)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

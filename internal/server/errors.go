@@ -27,6 +27,8 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		ng *lease.NotGrantedError
 		tw *lease.TooManyWaitersError
 		tl *lease.TooManyLocksError
+		mo *fence.MarkOwnedError
+		tm *fence.TooManyMarksError
 	)
 	switch {
 	case errors.As(err, &fe):
@@ -41,6 +43,12 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 			Domain:   "coordinatord",
 			Metadata: map[string]string{"holder_token": strconv.FormatInt(ng.HolderToken, 10)},
 		})
+	case errors.As(err, &mo):
+		return withReason(codes.FailedPrecondition, err.Error(), "MARK_OWNED_BY_OTHER_LOCK",
+			map[string]string{"lock": mo.Owner, "resource": mo.Resource})
+	case errors.As(err, &tm):
+		return withReason(codes.ResourceExhausted, err.Error(), "TOO_MANY_MARKS",
+			map[string]string{"limit": strconv.FormatInt(tm.Limit, 10), "count": strconv.FormatInt(tm.Count, 10)})
 	case errors.Is(err, lease.ErrNotHeld), errors.Is(err, lease.ErrLostWhileWaiting), errors.Is(err, lease.ErrSessionNotFound),
 		errors.Is(err, fence.ErrNoMark):
 		return status.Error(codes.NotFound, err.Error())

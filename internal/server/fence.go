@@ -8,8 +8,8 @@ import (
 	"github.com/coordinatord/coordinatord/internal/fence"
 )
 
-// FenceService implements coordinatorv1.FenceServiceServer: operators'
-// view of the per-resource high-water marks.
+// FenceService implements coordinatorv1.FenceServiceServer: operators' view
+// of the per-resource high-water marks, and admins' deletion and rebinding.
 type FenceService struct {
 	coordinatorv1.UnimplementedFenceServiceServer
 	fence *fence.Validator
@@ -45,4 +45,24 @@ func (s *FenceService) ListMarks(ctx context.Context, req *coordinatorv1.ListMar
 		resp.Marks = append(resp.Marks, markPB(&ms[i]))
 	}
 	return resp, nil
+}
+
+// DeleteMark implements coordinatorv1.FenceServiceServer (admins only, see
+// AdminOnly).
+func (s *FenceService) DeleteMark(ctx context.Context, req *coordinatorv1.DeleteMarkRequest) (*coordinatorv1.DeleteMarkResponse, error) {
+	m, err := s.fence.DeleteMark(ctx, req.GetResource())
+	if err != nil {
+		return nil, toStatus(ctx, s.log, "DeleteMark", err)
+	}
+	return &coordinatorv1.DeleteMarkResponse{Mark: markPB(m)}, nil
+}
+
+// RebindMark implements coordinatorv1.FenceServiceServer (admins only, see
+// AdminOnly).
+func (s *FenceService) RebindMark(ctx context.Context, req *coordinatorv1.RebindMarkRequest) (*coordinatorv1.RebindMarkResponse, error) {
+	m, err := s.fence.RebindMark(ctx, req.GetResource(), req.GetLock())
+	if err != nil {
+		return nil, toStatus(ctx, s.log, "RebindMark", err)
+	}
+	return &coordinatorv1.RebindMarkResponse{Mark: markPB(m)}, nil
 }

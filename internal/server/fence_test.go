@@ -279,6 +279,38 @@ func TestFenceBadInputWritesNothing(t *testing.T) {
 			_, err := e.fc().ListMarks(ctxT(t, 5*time.Second), &coordinatorv1.ListMarksRequest{PageSize: -1})
 			return err
 		}, "page_size"},
+		{"GetMark control char", func() error {
+			_, err := e.fc().GetMark(ctxT(t, 5*time.Second), &coordinatorv1.GetMarkRequest{Resource: "a\x7fb"})
+			return err
+		}, "resource"},
+		{"ListMarks prefix control char", func() error {
+			_, err := e.fc().ListMarks(ctxT(t, 5*time.Second), &coordinatorv1.ListMarksRequest{Prefix: "a\tb"})
+			return err
+		}, "prefix"},
+		{"DeleteMark empty", func() error {
+			_, err := e.fc().DeleteMark(ctxT(t, 5*time.Second), &coordinatorv1.DeleteMarkRequest{})
+			return err
+		}, "resource"},
+		{"DeleteMark control char", func() error {
+			_, err := e.fc().DeleteMark(ctxT(t, 5*time.Second), &coordinatorv1.DeleteMarkRequest{Resource: "a\x00b"})
+			return err
+		}, "resource"},
+		{"RebindMark resource control char", func() error {
+			_, err := e.fc().RebindMark(ctxT(t, 5*time.Second), &coordinatorv1.RebindMarkRequest{Resource: "a\x1bb", Lock: "l"})
+			return err
+		}, "resource"},
+		{"RebindMark lock control char", func() error {
+			_, err := e.fc().RebindMark(ctxT(t, 5*time.Second), &coordinatorv1.RebindMarkRequest{Resource: "r", Lock: "l\r\n"})
+			return err
+		}, "lock"},
+		{"RebindMark lock empty", func() error {
+			_, err := e.fc().RebindMark(ctxT(t, 5*time.Second), &coordinatorv1.RebindMarkRequest{Resource: "r"})
+			return err
+		}, "lock"},
+		{"RebindMark lock too long", func() error {
+			_, err := e.fc().RebindMark(ctxT(t, 5*time.Second), &coordinatorv1.RebindMarkRequest{Resource: "r", Lock: string(make([]byte, 513))})
+			return err
+		}, "lock"},
 		{"ListMarks bad token", func() error {
 			_, err := e.fc().ListMarks(ctxT(t, 5*time.Second), &coordinatorv1.ListMarksRequest{PageToken: "!!"})
 			return err

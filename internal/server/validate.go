@@ -4,6 +4,7 @@ import (
 	"context"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/authz"
 	"github.com/coordinatord/coordinatord/internal/fence"
 )
 
@@ -16,7 +17,11 @@ var reasons = map[fence.Reason]coordinatorv1.ValidateTokenResponse_Reason{
 
 // ValidateToken implements coordinatorv1.LockServiceServer.
 func (s *LockService) ValidateToken(ctx context.Context, req *coordinatorv1.ValidateTokenRequest) (*coordinatorv1.ValidateTokenResponse, error) {
-	v, err := s.fence.Validate(ctx, req.GetName(), req.GetToken(), req.GetResource())
+	var opts []fence.ValidateOption
+	if id, ok := authz.FromContext(ctx); ok {
+		opts = append(opts, fence.AsIdentity(id)) // the cap on marks counts per identity
+	}
+	v, err := s.fence.Validate(ctx, req.GetName(), req.GetToken(), req.GetResource(), opts...)
 	if err != nil {
 		return nil, s.fail(ctx, "ValidateToken", err)
 	}

@@ -30,7 +30,8 @@ type Mark struct {
 	// The greatest token accepted for the resource: tokens below it answer
 	// REASON_FENCED. Always positive.
 	Token int64 `protobuf:"varint,2,opt,name=token,proto3" json:"token,omitempty"`
-	// The lock name the token was validated with when the mark last advanced.
+	// The lock that owns the mark: the first lock whose token raised it (or
+	// the lock of the last RebindMark). Only its tokens raise the mark.
 	Lock string `protobuf:"bytes,3,opt,name=lock,proto3" json:"lock,omitempty"`
 	// When the mark last advanced (coordinator clock). Validating the same
 	// token again does not change it.
@@ -311,6 +312,200 @@ func (x *ListMarksResponse) GetNextPageToken() string {
 	return ""
 }
 
+// DeleteMarkRequest names the resource whose mark to delete.
+type DeleteMarkRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The resource name. Required; same rules as a lock name.
+	Resource      string `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteMarkRequest) Reset() {
+	*x = DeleteMarkRequest{}
+	mi := &file_coordinator_v1_fence_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteMarkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteMarkRequest) ProtoMessage() {}
+
+func (x *DeleteMarkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_fence_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteMarkRequest.ProtoReflect.Descriptor instead.
+func (*DeleteMarkRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DeleteMarkRequest) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+// DeleteMarkResponse is the deleted mark.
+type DeleteMarkResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The mark as it was when deleted.
+	Mark          *Mark `protobuf:"bytes,1,opt,name=mark,proto3" json:"mark,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteMarkResponse) Reset() {
+	*x = DeleteMarkResponse{}
+	mi := &file_coordinator_v1_fence_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteMarkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteMarkResponse) ProtoMessage() {}
+
+func (x *DeleteMarkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_fence_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteMarkResponse.ProtoReflect.Descriptor instead.
+func (*DeleteMarkResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DeleteMarkResponse) GetMark() *Mark {
+	if x != nil {
+		return x.Mark
+	}
+	return nil
+}
+
+// RebindMarkRequest gives a resource's mark to another lock.
+type RebindMarkRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The resource name. Required; same rules as a lock name.
+	Resource string `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	// The lock that owns the mark from now on. Required; same rules as a lock
+	// name.
+	Lock          string `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebindMarkRequest) Reset() {
+	*x = RebindMarkRequest{}
+	mi := &file_coordinator_v1_fence_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebindMarkRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebindMarkRequest) ProtoMessage() {}
+
+func (x *RebindMarkRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_fence_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebindMarkRequest.ProtoReflect.Descriptor instead.
+func (*RebindMarkRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RebindMarkRequest) GetResource() string {
+	if x != nil {
+		return x.Resource
+	}
+	return ""
+}
+
+func (x *RebindMarkRequest) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+// RebindMarkResponse is the mark after the change.
+type RebindMarkResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The mark, now owned by the requested lock.
+	Mark          *Mark `protobuf:"bytes,1,opt,name=mark,proto3" json:"mark,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RebindMarkResponse) Reset() {
+	*x = RebindMarkResponse{}
+	mi := &file_coordinator_v1_fence_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RebindMarkResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RebindMarkResponse) ProtoMessage() {}
+
+func (x *RebindMarkResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_fence_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RebindMarkResponse.ProtoReflect.Descriptor instead.
+func (*RebindMarkResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RebindMarkResponse) GetMark() *Mark {
+	if x != nil {
+		return x.Mark
+	}
+	return nil
+}
+
 var File_coordinator_v1_fence_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_fence_proto_rawDesc = "" +
@@ -333,10 +528,23 @@ const file_coordinator_v1_fence_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"g\n" +
 	"\x11ListMarksResponse\x12*\n" +
 	"\x05marks\x18\x01 \x03(\v2\x14.coordinator.v1.MarkR\x05marks\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xac\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"/\n" +
+	"\x11DeleteMarkRequest\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\">\n" +
+	"\x12DeleteMarkResponse\x12(\n" +
+	"\x04mark\x18\x01 \x01(\v2\x14.coordinator.v1.MarkR\x04mark\"C\n" +
+	"\x11RebindMarkRequest\x12\x1a\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12\x12\n" +
+	"\x04lock\x18\x02 \x01(\tR\x04lock\">\n" +
+	"\x12RebindMarkResponse\x12(\n" +
+	"\x04mark\x18\x01 \x01(\v2\x14.coordinator.v1.MarkR\x04mark2\xd6\x02\n" +
 	"\fFenceService\x12J\n" +
 	"\aGetMark\x12\x1e.coordinator.v1.GetMarkRequest\x1a\x1f.coordinator.v1.GetMarkResponse\x12P\n" +
-	"\tListMarks\x12 .coordinator.v1.ListMarksRequest\x1a!.coordinator.v1.ListMarksResponseBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
+	"\tListMarks\x12 .coordinator.v1.ListMarksRequest\x1a!.coordinator.v1.ListMarksResponse\x12S\n" +
+	"\n" +
+	"DeleteMark\x12!.coordinator.v1.DeleteMarkRequest\x1a\".coordinator.v1.DeleteMarkResponse\x12S\n" +
+	"\n" +
+	"RebindMark\x12!.coordinator.v1.RebindMarkRequest\x1a\".coordinator.v1.RebindMarkResponseBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
 
 var (
 	file_coordinator_v1_fence_proto_rawDescOnce sync.Once
@@ -350,28 +558,38 @@ func file_coordinator_v1_fence_proto_rawDescGZIP() []byte {
 	return file_coordinator_v1_fence_proto_rawDescData
 }
 
-var file_coordinator_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_coordinator_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_coordinator_v1_fence_proto_goTypes = []any{
 	(*Mark)(nil),                  // 0: coordinator.v1.Mark
 	(*GetMarkRequest)(nil),        // 1: coordinator.v1.GetMarkRequest
 	(*GetMarkResponse)(nil),       // 2: coordinator.v1.GetMarkResponse
 	(*ListMarksRequest)(nil),      // 3: coordinator.v1.ListMarksRequest
 	(*ListMarksResponse)(nil),     // 4: coordinator.v1.ListMarksResponse
-	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
+	(*DeleteMarkRequest)(nil),     // 5: coordinator.v1.DeleteMarkRequest
+	(*DeleteMarkResponse)(nil),    // 6: coordinator.v1.DeleteMarkResponse
+	(*RebindMarkRequest)(nil),     // 7: coordinator.v1.RebindMarkRequest
+	(*RebindMarkResponse)(nil),    // 8: coordinator.v1.RebindMarkResponse
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
 }
 var file_coordinator_v1_fence_proto_depIdxs = []int32{
-	5, // 0: coordinator.v1.Mark.updated_at:type_name -> google.protobuf.Timestamp
+	9, // 0: coordinator.v1.Mark.updated_at:type_name -> google.protobuf.Timestamp
 	0, // 1: coordinator.v1.GetMarkResponse.mark:type_name -> coordinator.v1.Mark
 	0, // 2: coordinator.v1.ListMarksResponse.marks:type_name -> coordinator.v1.Mark
-	1, // 3: coordinator.v1.FenceService.GetMark:input_type -> coordinator.v1.GetMarkRequest
-	3, // 4: coordinator.v1.FenceService.ListMarks:input_type -> coordinator.v1.ListMarksRequest
-	2, // 5: coordinator.v1.FenceService.GetMark:output_type -> coordinator.v1.GetMarkResponse
-	4, // 6: coordinator.v1.FenceService.ListMarks:output_type -> coordinator.v1.ListMarksResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	0, // 3: coordinator.v1.DeleteMarkResponse.mark:type_name -> coordinator.v1.Mark
+	0, // 4: coordinator.v1.RebindMarkResponse.mark:type_name -> coordinator.v1.Mark
+	1, // 5: coordinator.v1.FenceService.GetMark:input_type -> coordinator.v1.GetMarkRequest
+	3, // 6: coordinator.v1.FenceService.ListMarks:input_type -> coordinator.v1.ListMarksRequest
+	5, // 7: coordinator.v1.FenceService.DeleteMark:input_type -> coordinator.v1.DeleteMarkRequest
+	7, // 8: coordinator.v1.FenceService.RebindMark:input_type -> coordinator.v1.RebindMarkRequest
+	2, // 9: coordinator.v1.FenceService.GetMark:output_type -> coordinator.v1.GetMarkResponse
+	4, // 10: coordinator.v1.FenceService.ListMarks:output_type -> coordinator.v1.ListMarksResponse
+	6, // 11: coordinator.v1.FenceService.DeleteMark:output_type -> coordinator.v1.DeleteMarkResponse
+	8, // 12: coordinator.v1.FenceService.RebindMark:output_type -> coordinator.v1.RebindMarkResponse
+	9, // [9:13] is the sub-list for method output_type
+	5, // [5:9] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_v1_fence_proto_init() }
@@ -385,7 +603,7 @@ func file_coordinator_v1_fence_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_v1_fence_proto_rawDesc), len(file_coordinator_v1_fence_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,8 +19,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	FenceService_GetMark_FullMethodName   = "/coordinator.v1.FenceService/GetMark"
-	FenceService_ListMarks_FullMethodName = "/coordinator.v1.FenceService/ListMarks"
+	FenceService_GetMark_FullMethodName    = "/coordinator.v1.FenceService/GetMark"
+	FenceService_ListMarks_FullMethodName  = "/coordinator.v1.FenceService/ListMarks"
+	FenceService_DeleteMark_FullMethodName = "/coordinator.v1.FenceService/DeleteMark"
+	FenceService_RebindMark_FullMethodName = "/coordinator.v1.FenceService/RebindMark"
 )
 
 // FenceServiceClient is the client API for FenceService service.
@@ -29,20 +31,74 @@ const (
 //
 // FenceService shows the per-resource high-water marks that
 // LockService.ValidateToken keeps when it is called with a `resource`, for
-// operators.
+// operators, and lets admins delete or rebind them.
 //
 // A mark is the greatest fencing token the coordinator has accepted for a
 // resource. It only goes up, it survives coordinator and etcd restarts, and
-// a token below it is refused (REASON_FENCED) forever. Marks are kept in
-// etcd without a lease and are never removed by the coordinator.
+// a token below it is refused (REASON_FENCED).
+//
+// A mark belongs to one lock: the first lock whose valid token raised it
+// (Mark.lock). A validation against the resource with any other lock's
+// token is refused with FAILED_PRECONDITION (ErrorInfo reason
+// "MARK_OWNED_BY_OTHER_LOCK", metadata["lock"] the owning lock) and changes
+// nothing, so the holder of one lock cannot fence the holder of another out
+// of its resource. Only an admin moves a mark to another lock (RebindMark)
+// or deletes it (DeleteMark).
+//
+// Marks are bounded. Each identity may create at most the server's
+// --max-marks-per-identity marks (10,000 out of the box; unauthenticated
+// callers count as one identity); beyond, ValidateToken answers
+// RESOURCE_EXHAUSTED (ErrorInfo reason "TOO_MANY_MARKS", metadata["limit"]),
+// writing nothing. The count is checked and raised in the etcd transaction
+// that creates the mark, so no burst or number of replicas exceeds it;
+// deleting a mark frees its place.
+//
+// Retention: every replica sweeps the marks periodically. A mark whose lock
+// has no holder and no waiter (an empty queue) is stamped idle; a holder or
+// waiter seen at a later sweep, an advance or a rebind clears the stamp; a
+// mark stamped at least the server's --mark-retention ago (30 days out of
+// the box; 0 keeps marks forever) is deleted, in a transaction that asserts
+// the mark is unchanged and the lock's queue still empty, and that frees
+// its place in its creator's cap. Why deleting such a mark cannot let a
+// stale token through:
+//
+//  1. A token is the etcd create revision of its grant's queue key, and a
+//     token validates (REASON_CURRENT) only while that key exists and is the
+//     lowest of its lock's queue. etcd never assigns a revision twice and
+//     every new key gets a revision above every existing one, so once a
+//     grant's key is gone no key with that create revision ever appears
+//     again: a token whose key is gone never validates again, with or
+//     without a mark.
+//  2. The mark's token t was its lock's holder when it was accepted, so
+//     every key of that queue created before it was gone by then. With the
+//     queue empty, t's key is gone as well. Hence every token at or below t
+//     of the owning lock is refused by the lock check alone (superseded or
+//     not held), forever; the mark refused only the tokens below t.
+//  3. Tokens of other locks were refused by the mark's ownership, not by its
+//     value. Once the mark is gone, the next lock to validate a current
+//     token against the resource owns it (with a new mark at that token),
+//     and that lock's stale tokens are, again by 1, refused by its own lock
+//     check. The retention period only keeps an idle owner's resource from
+//     changing hands quickly; no safety argument depends on time or on the
+//     coordinators' clocks.
+//
+// What deletion loses is ownership and the REASON_FENCED answer (a stale
+// token then answers SUPERSEDED or NOT_HELD, still valid=false). A resource
+// that keeps its own high-water mark must expect a new owning lock's tokens
+// to start below the old mark.
 //
 // Resource names follow the lock-name rules: 1 to 512 bytes of valid UTF-8
 // without control characters; they are opaque and independent of each other
 // and of lock names.
 //
 // Errors (google.rpc.Code):
-//   - INVALID_ARGUMENT: a malformed field; the message names it.
-//   - NOT_FOUND: GetMark of a resource that has no mark yet.
+//   - INVALID_ARGUMENT: a malformed field; the message names it. Nothing is
+//     written.
+//   - NOT_FOUND: GetMark, DeleteMark or RebindMark of a resource that has no
+//     mark.
+//   - PERMISSION_DENIED: GetMark of a resource, or ListMarks of a prefix, that
+//     is not inside the caller's resource_prefixes; DeleteMark and RebindMark
+//     by a caller that is not an admin.
 //   - UNAVAILABLE: etcd unreachable or no quorum. Safe to retry.
 type FenceServiceClient interface {
 	// GetMark returns one resource's high-water mark; NOT_FOUND when no token
@@ -50,8 +106,21 @@ type FenceServiceClient interface {
 	GetMark(ctx context.Context, in *GetMarkRequest, opts ...grpc.CallOption) (*GetMarkResponse, error)
 	// ListMarks pages through the marks of resources whose names start with
 	// `prefix`. The order is stable: the byte order of the names with '%' and
-	// '/' read as "%25" and "%2F".
+	// '/' read as "%25" and "%2F". With authorization, `prefix` must itself
+	// start with one of the caller's resource_prefixes (admins: any), so every
+	// mark listed is one the caller may use.
 	ListMarks(ctx context.Context, in *ListMarksRequest, opts ...grpc.CallOption) (*ListMarksResponse, error)
+	// DeleteMark removes a resource's mark and frees its place in its
+	// creator's cap, for admins (e.g. a resource that no longer exists). It
+	// never lets a stale token through (by 1 and 2 above, the lock check
+	// alone refuses every token whose grant has ended); it gives up the
+	// ownership: the next lock to validate a current token against the
+	// resource owns it, even while the old owner's lock is held.
+	DeleteMark(ctx context.Context, in *DeleteMarkRequest, opts ...grpc.CallOption) (*DeleteMarkResponse, error)
+	// RebindMark gives a resource's mark to another lock, for admins (e.g. a
+	// job renamed its lock). The token is kept, so a token below it is still
+	// refused; from then on only `lock`'s tokens raise it.
+	RebindMark(ctx context.Context, in *RebindMarkRequest, opts ...grpc.CallOption) (*RebindMarkResponse, error)
 }
 
 type fenceServiceClient struct {
@@ -82,26 +151,100 @@ func (c *fenceServiceClient) ListMarks(ctx context.Context, in *ListMarksRequest
 	return out, nil
 }
 
+func (c *fenceServiceClient) DeleteMark(ctx context.Context, in *DeleteMarkRequest, opts ...grpc.CallOption) (*DeleteMarkResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteMarkResponse)
+	err := c.cc.Invoke(ctx, FenceService_DeleteMark_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fenceServiceClient) RebindMark(ctx context.Context, in *RebindMarkRequest, opts ...grpc.CallOption) (*RebindMarkResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RebindMarkResponse)
+	err := c.cc.Invoke(ctx, FenceService_RebindMark_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // FenceServiceServer is the server API for FenceService service.
 // All implementations must embed UnimplementedFenceServiceServer
 // for forward compatibility.
 //
 // FenceService shows the per-resource high-water marks that
 // LockService.ValidateToken keeps when it is called with a `resource`, for
-// operators.
+// operators, and lets admins delete or rebind them.
 //
 // A mark is the greatest fencing token the coordinator has accepted for a
 // resource. It only goes up, it survives coordinator and etcd restarts, and
-// a token below it is refused (REASON_FENCED) forever. Marks are kept in
-// etcd without a lease and are never removed by the coordinator.
+// a token below it is refused (REASON_FENCED).
+//
+// A mark belongs to one lock: the first lock whose valid token raised it
+// (Mark.lock). A validation against the resource with any other lock's
+// token is refused with FAILED_PRECONDITION (ErrorInfo reason
+// "MARK_OWNED_BY_OTHER_LOCK", metadata["lock"] the owning lock) and changes
+// nothing, so the holder of one lock cannot fence the holder of another out
+// of its resource. Only an admin moves a mark to another lock (RebindMark)
+// or deletes it (DeleteMark).
+//
+// Marks are bounded. Each identity may create at most the server's
+// --max-marks-per-identity marks (10,000 out of the box; unauthenticated
+// callers count as one identity); beyond, ValidateToken answers
+// RESOURCE_EXHAUSTED (ErrorInfo reason "TOO_MANY_MARKS", metadata["limit"]),
+// writing nothing. The count is checked and raised in the etcd transaction
+// that creates the mark, so no burst or number of replicas exceeds it;
+// deleting a mark frees its place.
+//
+// Retention: every replica sweeps the marks periodically. A mark whose lock
+// has no holder and no waiter (an empty queue) is stamped idle; a holder or
+// waiter seen at a later sweep, an advance or a rebind clears the stamp; a
+// mark stamped at least the server's --mark-retention ago (30 days out of
+// the box; 0 keeps marks forever) is deleted, in a transaction that asserts
+// the mark is unchanged and the lock's queue still empty, and that frees
+// its place in its creator's cap. Why deleting such a mark cannot let a
+// stale token through:
+//
+//  1. A token is the etcd create revision of its grant's queue key, and a
+//     token validates (REASON_CURRENT) only while that key exists and is the
+//     lowest of its lock's queue. etcd never assigns a revision twice and
+//     every new key gets a revision above every existing one, so once a
+//     grant's key is gone no key with that create revision ever appears
+//     again: a token whose key is gone never validates again, with or
+//     without a mark.
+//  2. The mark's token t was its lock's holder when it was accepted, so
+//     every key of that queue created before it was gone by then. With the
+//     queue empty, t's key is gone as well. Hence every token at or below t
+//     of the owning lock is refused by the lock check alone (superseded or
+//     not held), forever; the mark refused only the tokens below t.
+//  3. Tokens of other locks were refused by the mark's ownership, not by its
+//     value. Once the mark is gone, the next lock to validate a current
+//     token against the resource owns it (with a new mark at that token),
+//     and that lock's stale tokens are, again by 1, refused by its own lock
+//     check. The retention period only keeps an idle owner's resource from
+//     changing hands quickly; no safety argument depends on time or on the
+//     coordinators' clocks.
+//
+// What deletion loses is ownership and the REASON_FENCED answer (a stale
+// token then answers SUPERSEDED or NOT_HELD, still valid=false). A resource
+// that keeps its own high-water mark must expect a new owning lock's tokens
+// to start below the old mark.
 //
 // Resource names follow the lock-name rules: 1 to 512 bytes of valid UTF-8
 // without control characters; they are opaque and independent of each other
 // and of lock names.
 //
 // Errors (google.rpc.Code):
-//   - INVALID_ARGUMENT: a malformed field; the message names it.
-//   - NOT_FOUND: GetMark of a resource that has no mark yet.
+//   - INVALID_ARGUMENT: a malformed field; the message names it. Nothing is
+//     written.
+//   - NOT_FOUND: GetMark, DeleteMark or RebindMark of a resource that has no
+//     mark.
+//   - PERMISSION_DENIED: GetMark of a resource, or ListMarks of a prefix, that
+//     is not inside the caller's resource_prefixes; DeleteMark and RebindMark
+//     by a caller that is not an admin.
 //   - UNAVAILABLE: etcd unreachable or no quorum. Safe to retry.
 type FenceServiceServer interface {
 	// GetMark returns one resource's high-water mark; NOT_FOUND when no token
@@ -109,8 +252,21 @@ type FenceServiceServer interface {
 	GetMark(context.Context, *GetMarkRequest) (*GetMarkResponse, error)
 	// ListMarks pages through the marks of resources whose names start with
 	// `prefix`. The order is stable: the byte order of the names with '%' and
-	// '/' read as "%25" and "%2F".
+	// '/' read as "%25" and "%2F". With authorization, `prefix` must itself
+	// start with one of the caller's resource_prefixes (admins: any), so every
+	// mark listed is one the caller may use.
 	ListMarks(context.Context, *ListMarksRequest) (*ListMarksResponse, error)
+	// DeleteMark removes a resource's mark and frees its place in its
+	// creator's cap, for admins (e.g. a resource that no longer exists). It
+	// never lets a stale token through (by 1 and 2 above, the lock check
+	// alone refuses every token whose grant has ended); it gives up the
+	// ownership: the next lock to validate a current token against the
+	// resource owns it, even while the old owner's lock is held.
+	DeleteMark(context.Context, *DeleteMarkRequest) (*DeleteMarkResponse, error)
+	// RebindMark gives a resource's mark to another lock, for admins (e.g. a
+	// job renamed its lock). The token is kept, so a token below it is still
+	// refused; from then on only `lock`'s tokens raise it.
+	RebindMark(context.Context, *RebindMarkRequest) (*RebindMarkResponse, error)
 	mustEmbedUnimplementedFenceServiceServer()
 }
 
@@ -126,6 +282,12 @@ func (UnimplementedFenceServiceServer) GetMark(context.Context, *GetMarkRequest)
 }
 func (UnimplementedFenceServiceServer) ListMarks(context.Context, *ListMarksRequest) (*ListMarksResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListMarks not implemented")
+}
+func (UnimplementedFenceServiceServer) DeleteMark(context.Context, *DeleteMarkRequest) (*DeleteMarkResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteMark not implemented")
+}
+func (UnimplementedFenceServiceServer) RebindMark(context.Context, *RebindMarkRequest) (*RebindMarkResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RebindMark not implemented")
 }
 func (UnimplementedFenceServiceServer) mustEmbedUnimplementedFenceServiceServer() {}
 func (UnimplementedFenceServiceServer) testEmbeddedByValue()                      {}
@@ -184,6 +346,42 @@ func _FenceService_ListMarks_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FenceService_DeleteMark_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteMarkRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FenceServiceServer).DeleteMark(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FenceService_DeleteMark_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FenceServiceServer).DeleteMark(ctx, req.(*DeleteMarkRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FenceService_RebindMark_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RebindMarkRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FenceServiceServer).RebindMark(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FenceService_RebindMark_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FenceServiceServer).RebindMark(ctx, req.(*RebindMarkRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // FenceService_ServiceDesc is the grpc.ServiceDesc for FenceService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -198,6 +396,14 @@ var FenceService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListMarks",
 			Handler:    _FenceService_ListMarks_Handler,
+		},
+		{
+			MethodName: "DeleteMark",
+			Handler:    _FenceService_DeleteMark_Handler,
+		},
+		{
+			MethodName: "RebindMark",
+			Handler:    _FenceService_RebindMark_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -745,7 +745,11 @@ type ValidateTokenRequest struct {
 	// the token must also be at or above the resource's high-water mark, and
 	// a valid answer advances the mark to the token, in one etcd transaction.
 	// A token below the mark answers REASON_FENCED forever, even once the
-	// lock is free.
+	// lock is free. The mark belongs to the first lock that raised it: with
+	// another lock's name, FAILED_PRECONDITION (ErrorInfo reason
+	// "MARK_OWNED_BY_OTHER_LOCK", metadata["lock"] the owner), nothing
+	// changed. Creating a mark beyond the caller's --max-marks-per-identity:
+	// RESOURCE_EXHAUSTED ("TOO_MANY_MARKS"), nothing written. See FenceService.
 	Resource      string `protobuf:"bytes,3,opt,name=resource,proto3" json:"resource,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

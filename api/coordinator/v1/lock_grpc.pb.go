@@ -61,7 +61,9 @@ const (
 //   - NOT_FOUND: KeepAlive on a grant that no longer lives (or a wrong handle).
 //   - FAILED_PRECONDITION: renewal past max_hold; a session acquiring a lock
 //     it already holds or waits for; a request_id reused with other
-//     parameters (ErrorInfo reason "REQUEST_ID_REUSED").
+//     parameters (ErrorInfo reason "REQUEST_ID_REUSED"); ValidateToken
+//     against a resource whose mark another lock owns (ErrorInfo reason
+//     "MARK_OWNED_BY_OTHER_LOCK").
 //   - OUT_OF_RANGE: Watch from a compacted start_revision.
 //   - UNAUTHENTICATED: no verified client certificate or bearer token, when
 //     the server requires one.
@@ -70,7 +72,7 @@ const (
 //     presented the handle of a session another identity opened (ErrorInfo
 //     reason "SESSION_OF_ANOTHER_IDENTITY").
 //   - RESOURCE_EXHAUSTED: a server limit (waiters per lock, message size,
-//     request rate).
+//     request rate, resource marks per identity).
 //   - UNAVAILABLE: etcd unreachable, no quorum, or the replica is shutting
 //     down. Safe to retry (on any replica), with the same request_id.
 type LockServiceClient interface {
@@ -304,7 +306,9 @@ func (c *lockServiceClient) List(ctx context.Context, in *ListRequest, opts ...g
 //   - NOT_FOUND: KeepAlive on a grant that no longer lives (or a wrong handle).
 //   - FAILED_PRECONDITION: renewal past max_hold; a session acquiring a lock
 //     it already holds or waits for; a request_id reused with other
-//     parameters (ErrorInfo reason "REQUEST_ID_REUSED").
+//     parameters (ErrorInfo reason "REQUEST_ID_REUSED"); ValidateToken
+//     against a resource whose mark another lock owns (ErrorInfo reason
+//     "MARK_OWNED_BY_OTHER_LOCK").
 //   - OUT_OF_RANGE: Watch from a compacted start_revision.
 //   - UNAUTHENTICATED: no verified client certificate or bearer token, when
 //     the server requires one.
@@ -313,7 +317,7 @@ func (c *lockServiceClient) List(ctx context.Context, in *ListRequest, opts ...g
 //     presented the handle of a session another identity opened (ErrorInfo
 //     reason "SESSION_OF_ANOTHER_IDENTITY").
 //   - RESOURCE_EXHAUSTED: a server limit (waiters per lock, message size,
-//     request rate).
+//     request rate, resource marks per identity).
 //   - UNAVAILABLE: etcd unreachable, no quorum, or the replica is shutting
 //     down. Safe to retry (on any replica), with the same request_id.
 type LockServiceServer interface {
