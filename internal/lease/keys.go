@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -103,16 +104,28 @@ func ValidateName(field, name string, allowEmpty bool) error {
 	return noControlCharacters(field, name)
 }
 
-// noControlCharacters refuses U+0000..U+001F and U+007F, the characters
-// that forge rows or hide text when a value is printed in a terminal or a
-// log line.
+// noControlCharacters refuses the characters that forge rows, run terminal
+// escapes or hide text when a value is printed in a terminal or a log line:
+// C0 and C1 controls (U+0000..U+001F, U+007F..U+009F; U+009B is CSI on
+// many terminals) and the bidi controls that reorder what is shown
+// (U+061C, U+200E, U+200F, U+202A..U+202E, U+2066..U+2069).
 func noControlCharacters(field, s string) error {
 	for i, r := range s {
-		if r < 0x20 || r == 0x7f {
+		if unicode.IsControl(r) || isBidiControl(r) {
 			return fieldErr(field, "contains control character %U at byte %d; use printable text", r, i)
 		}
 	}
 	return nil
+}
+
+func isBidiControl(r rune) bool {
+	switch {
+	case r == 0x061c, r == 0x200e, r == 0x200f:
+		return true
+	case r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069:
+		return true
+	}
+	return false
 }
 
 // validateOwner checks an owner description (of a lock or a session): free

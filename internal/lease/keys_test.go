@@ -119,3 +119,39 @@ func TestHandlesAreDistinctAcrossRefills(t *testing.T) {
 		}
 	}
 }
+
+// Names and owners refuse the characters a terminal or a log viewer acts on
+// or hides, not only C0: C1 controls (U+009B is CSI on many terminals) and
+// bidi controls (U+202E shows "lock/fdp.exe" for "lock/\u202Eexe.pdf").
+// Printable non-ASCII text stays allowed.
+func TestNamesRefuseInvisibleControls(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		s    string
+		ok   bool
+	}{
+		{"C0 newline", "a\nb", false},
+		{"DEL", "a\x7fb", false},
+		{"C1 CSI", "a\u009b31mb", false},
+		{"C1 NEL", "a\u0085b", false},
+		{"bidi override RLO", "lock/\u202eexe.pdf", false},
+		{"bidi isolate LRI", "a\u2066b", false},
+		{"left-to-right mark", "a\u200eb", false},
+		{"arabic letter mark", "a\u061cb", false},
+		{"accented latin", "résumé", true},
+		{"CJK", "日本/ロック", true},
+		{"emoji", "job/🔒", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var fe *FieldError
+			err := ValidateName("name", tc.s, false)
+			if tc.ok != (err == nil) || (err != nil && (!errors.As(err, &fe) || fe.Field != "name")) {
+				t.Errorf("ValidateName(%q) = %v, want ok=%v", tc.s, err, tc.ok)
+			}
+			err = validateOwner(tc.s)
+			if tc.ok != (err == nil) || (err != nil && (!errors.As(err, &fe) || fe.Field != "owner")) {
+				t.Errorf("validateOwner(%q) = %v, want ok=%v", tc.s, err, tc.ok)
+			}
+		})
+	}
+}

@@ -225,8 +225,10 @@ func (WatchResponse_Kind) EnumDescriptor() ([]byte, []int) {
 // AcquireRequest asks for the lock `name`.
 type AcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The lock name: 1 to 512 bytes of valid UTF-8, no control characters.
-	// Required.
+	// The lock name: 1 to 512 bytes of valid UTF-8, no control characters
+	// (C0 and C1: U+0000..U+001F, U+007F..U+009F; and the bidi controls
+	// U+061C, U+200E, U+200F, U+202A..U+202E, U+2066..U+2069, which reorder
+	// what a terminal shows). Required.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The lease TTL. Unset: the server's default (flag --default-ttl, 15s out
 	// of the box). Rounded up to a whole second (etcd's lease granularity);
@@ -243,7 +245,7 @@ type AcquireRequest struct {
 	Wait *durationpb.Duration `protobuf:"bytes,3,opt,name=wait,proto3" json:"wait,omitempty"`
 	// Free-form description of the caller (host, pod, job id), shown by
 	// Describe and List. Optional; at most 256 bytes of valid UTF-8 without
-	// control characters (U+0000..U+001F, U+007F), as for names. Not an
+	// control characters (C0, C1 and bidi controls), as for names. Not an
 	// identity: it proves nothing.
 	Owner string `protobuf:"bytes,4,opt,name=owner,proto3" json:"owner,omitempty"`
 	// Idempotency key for retries after an ambiguous outcome (timeout,
