@@ -50,15 +50,16 @@ func TestMain(m *testing.M) {
 }
 
 // required reports whether a missing runtime must fail the test instead of
-// skipping it: .ci/run sets COORDINATORD_EXAMPLES_REQUIRED=1 after installing
-// the runtimes, so that in CI these tests never skip.
-func required() bool { return os.Getenv("COORDINATORD_EXAMPLES_REQUIRED") == "1" }
+// skipping it: .ci/run sets COORDTEST_EXAMPLES_REQUIRED=1 after installing
+// the runtimes, so that in CI these tests never skip (not COORDINATORD_*:
+// the daemon warns about unknown COORDINATORD_* variables).
+func required() bool { return os.Getenv("COORDTEST_EXAMPLES_REQUIRED") == "1" }
 
 // skipOrFail skips with msg, or fails in CI (see required).
 func skipOrFail(t *testing.T, msg string) {
 	t.Helper()
 	if required() {
-		t.Fatal(msg + " (COORDINATORD_EXAMPLES_REQUIRED=1: not skipping)")
+		t.Fatal(msg + " (COORDTEST_EXAMPLES_REQUIRED=1: not skipping)")
 	}
 	t.Skip(msg)
 }
