@@ -2,10 +2,13 @@ package chaos_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/chaos"
@@ -96,7 +99,59 @@ func (r run) exec(t *testing.T, e *chaos.Env, fault func(ctx context.Context, w 
 	time.Sleep(time.Until(end))
 	cancel()
 	<-done
-	return check(t, w, r.wantStale)
+	res := check(t, w, r.wantStale)
+	survived(t, e)
+	return res
+}
+
+// survived checks that the watch paths came through the faults and the
+// compaction: every running replica's holder view follows etcd again, and
+// a grant made and released through each replica is reported by every
+// running replica's lock-end watch.
+func survived(t *testing.T, e *chaos.Env) {
+	t.Helper()
+	ctx := context.Background()
+	var running []*chaos.Replica
+	for _, r := range e.Replicas {
+		if r.Running() {
+			running = append(running, r)
+		}
+	}
+	eventually(t, 30*time.Second, "every holder view follows etcd", func() bool {
+		for _, r := range running {
+			if !r.Following() {
+				return false
+			}
+		}
+		return true
+	})
+	for _, r := range running {
+		var g *coordinatorv1.AcquireResponse
+		eventually(t, 30*time.Second, fmt.Sprintf("a grant through replica %d", r.ID), func() bool {
+			var err error
+			g, err = r.Client().Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "probe", Ttl: durationpb.New(5 * time.Second), Wait: durationpb.New(5 * time.Second)})
+			return err == nil
+		})
+		if rr, err := r.Client().Release(ctx, &coordinatorv1.ReleaseRequest{Name: "probe", Token: g.GetToken(), Handle: g.GetHandle()}); err != nil || !rr.GetReleased() {
+			t.Fatalf("probe release through replica %d: %v %v", r.ID, rr, err)
+		}
+		for _, o := range running {
+			eventually(t, 15*time.Second, fmt.Sprintf("replica %d's lock-end watch reports the probe's end (token %d)", o.ID, g.GetToken()), func() bool {
+				return o.SawEnd("probe", g.GetToken())
+			})
+		}
+	}
+	t.Logf("compaction: %d compactions, up to revision %d; replica warnings: %v", e.Compactor.Runs(), e.Compactor.Compacted(), warnings(running))
+}
+
+func warnings(rs []*chaos.Replica) map[string]int {
+	all := map[string]int{}
+	for _, r := range rs {
+		for k, v := range r.Events.Counts() {
+			all[k] += v
+		}
+	}
+	return all
 }
 
 func check(t *testing.T, w *chaos.Workload, wantStale bool) result {
@@ -114,6 +169,23 @@ func check(t *testing.T, w *chaos.Workload, wantStale bool) result {
 	}
 	if len(reg.Violations) > 0 {
 		t.Fatalf("register violations: %v", reg.Violations)
+	}
+	// The promises every scenario keeps, whatever the fault: a grant is
+	// never taken away inside its safe_until, and no call answers INTERNAL
+	// or UNKNOWN.
+	for _, c := range []struct {
+		what string
+		bad  []string
+	}{
+		{"grants taken away inside their safe_until", chaos.CheckSafeUntil(ops)},
+		{"calls answered INTERNAL or UNKNOWN", chaos.CheckAnswers(ops)},
+	} {
+		for _, b := range c.bad {
+			t.Errorf("%s: %s", c.what, b)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
 	}
 	if v.Grants == 0 {
 		t.Fatal("void run: no grant at all")
