@@ -78,7 +78,8 @@ func (r run) exec(t *testing.T, e *chaos.Env, fault func(ctx context.Context, w 
 	if r.perName == 0 {
 		r.perName = 3
 	}
-	w := &chaos.Workload{Replicas: clients(e), Names: r.names, ClientsPerName: r.perName, PauseOneIn: r.pauseOneIn, Seed: r.seed}
+	w := &chaos.Workload{Replicas: clients(e), Names: r.names, ClientsPerName: r.perName, PauseOneIn: r.pauseOneIn, Seed: r.seed,
+		Compacted: e.Compactor.Compacted}
 	if r.after == 0 {
 		r.after = 4 * time.Second
 	}
@@ -159,6 +160,9 @@ func check(t *testing.T, w *chaos.Workload, wantStale bool) result {
 	ops := w.Rec.Ops()
 	v := chaos.CheckLinearizable(ops, 2*time.Minute)
 	reg := chaos.CheckRegister(w.Reg.Writes())
+	wr := w.Watches()
+	t.Logf("hold: %d rounds on Hold streams; watch: %d streams (%d resumed from a revision, %d OUT_OF_RANGE, %d from a compacted revision), %d events, %d violations",
+		w.Holds(), wr.Streams, wr.Resumes, wr.OutOfRange, wr.CompactedProbes, wr.Events, len(wr.Violations))
 	t.Logf("checked %d ops (%d ambiguous, %d grants): %s; register: %d writes, %d accepted, %d rejected, stale %d/%d rejected, %d violations",
 		v.Ops, v.Ambiguous, v.Grants, v.Result, reg.Writes, reg.Accepted, reg.Rejected, reg.StaleRejected, reg.StaleAttempts, len(reg.Violations))
 	if err := v.Err(); err != nil {
@@ -179,6 +183,7 @@ func check(t *testing.T, w *chaos.Workload, wantStale bool) result {
 	}{
 		{"grants taken away inside their safe_until", chaos.CheckSafeUntil(ops)},
 		{"calls answered INTERNAL or UNKNOWN", chaos.CheckAnswers(ops)},
+		{"Watch streams", wr.Violations},
 	} {
 		for _, b := range c.bad {
 			t.Errorf("%s: %s", c.what, b)

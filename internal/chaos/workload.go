@@ -36,10 +36,17 @@ type Workload struct {
 	// Seed makes the clients' choices reproducible (not the faults' timing).
 	Seed uint64
 
+	// Compacted, if set, is the highest revision compacted so far
+	// (Compactor.Compacted): the watchers then check that a compacted
+	// start_revision answers OUT_OF_RANGE.
+	Compacted func() int64
+
 	Rec *Recorder
 	Reg *Register
 
-	paused atomic.Int64
+	watches watchReports
+	paused  atomic.Int64
+	holds   atomic.Int64
 	once   sync.Once
 }
 
@@ -74,6 +81,9 @@ func (w *Workload) Client(id int, name string) *Client {
 	return &Client{w: w, id: id, name: name, rng: mrand.New(mrand.NewPCG(w.Seed, uint64(id)))}
 }
 
+// Holds is how many rounds ran on a Hold stream.
+func (w *Workload) Holds() int64 { return w.holds.Load() }
+
 // Paused is how many paused holders ran.
 func (w *Workload) Paused() int64 { return w.paused.Load() }
 
@@ -89,6 +99,12 @@ func (w *Workload) Run(ctx context.Context) {
 			id++
 			wg.Go(func() { c.loop(ctx) })
 		}
+	}
+	// One watcher per name (ids from 500), resuming its Watch streams.
+	for i, name := range w.Names {
+		id := 500 + i
+		wt := &watcher{w: w, c: &Client{w: w, id: id, name: name, home: id % len(w.Replicas)}, rng: mrand.New(mrand.NewPCG(w.Seed, uint64(id)))}
+		wg.Go(func() { wt.loop(ctx) })
 	}
 	wg.Wait()
 }
@@ -133,6 +149,12 @@ func (c *Client) callT(ctx context.Context, timeout time.Duration, kind Kind, to
 	defer cancel()
 	op := Op{Client: c.id, Name: c.name, Kind: kind, Token: token, Call: c.w.Rec.Now()}
 	r, err := f(cctx)
+	return r.token, c.record(op, r, err)
+}
+
+// record completes op (invoked at op.Call) with what the call learned and
+// adds it to the history; it returns the outcome.
+func (c *Client) record(op Op, r reply, err error) Outcome {
 	op.Return = c.w.Rec.Now()
 	out := r.out
 	if err != nil {
@@ -142,7 +164,7 @@ func (c *Client) callT(ctx context.Context, timeout time.Duration, kind Kind, to
 	} else if !r.safeUntil.IsZero() {
 		op.SafeUntil = c.w.Rec.At(r.safeUntil)
 	}
-	if kind == Acquire {
+	if op.Kind == Acquire {
 		op.Token = r.token
 	}
 	op.Outcome = out
@@ -150,7 +172,7 @@ func (c *Client) callT(ctx context.Context, timeout time.Duration, kind Kind, to
 	if out == Ambiguous {
 		c.home++ // try another replica next
 	}
-	return r.token, out
+	return out
 }
 
 // RequestID returns a fresh random request id.
@@ -287,6 +309,11 @@ func sleep(ctx context.Context, d time.Duration) {
 
 func (c *Client) loop(ctx context.Context) {
 	for ctx.Err() == nil {
+		if c.rng.IntN(4) == 0 {
+			c.w.holds.Add(1)
+			c.holdRound(ctx) // one round in four on a Hold stream
+			continue
+		}
 		g, ok := c.Acquire(ctx)
 		if !ok {
 			sleep(ctx, time.Duration(c.rng.IntN(50))*time.Millisecond)
