@@ -161,7 +161,7 @@ func check(t *testing.T, w *chaos.Workload, wantStale bool) result {
 	v := chaos.CheckLinearizable(ops, 2*time.Minute)
 	reg := chaos.CheckRegister(w.Reg.Writes())
 	wr := w.Watches()
-	t.Logf("hold: %d rounds on Hold streams; watch: %d streams (%d resumed from a revision, %d OUT_OF_RANGE, %d from a compacted revision), %d events, %d violations",
+	t.Logf("hold: %d rounds on Hold streams; watch: %d streams (%d resumed from a revision, %d OUT_OF_RANGE, %d of them from a compacted revision), %d events, %d violations",
 		w.Holds(), wr.Streams, wr.Resumes, wr.OutOfRange, wr.CompactedProbes, wr.Events, len(wr.Violations))
 	t.Logf("checked %d ops (%d ambiguous, %d grants): %s; register: %d writes, %d accepted, %d rejected, stale %d/%d rejected, %d violations",
 		v.Ops, v.Ambiguous, v.Grants, v.Result, reg.Writes, reg.Accepted, reg.Rejected, reg.StaleRejected, reg.StaleAttempts, len(reg.Violations))
@@ -194,6 +194,9 @@ func check(t *testing.T, w *chaos.Workload, wantStale bool) result {
 	}
 	if v.Grants == 0 {
 		t.Fatal("void run: no grant at all")
+	}
+	if wr.Streams > 0 && wr.CompactedProbes == 0 {
+		t.Fatal("void run: no Watch from a compacted start_revision was answered OUT_OF_RANGE")
 	}
 	if wantStale && reg.StaleRejected == 0 {
 		t.Fatalf("void run: the fault was meant to cause a stale write, but none was refused (%d paused holders)", w.Paused())

@@ -202,8 +202,12 @@ func (r *Replica) Running() bool {
 	return r.running
 }
 
-// Crash cuts the replica off etcd first (so that it cleans nothing up), then
-// stops its server: in-flight calls fail, grants stay in etcd.
+// Crash stops the replica as a crash would: its etcd traffic is cut first
+// (blackholed: nothing more reaches etcd, so it cleans nothing up), then its
+// server stops (in-flight calls fail with a broken connection, grants stay in
+// etcd), then its etcd client closes. A crashed process answers nothing
+// more: no call sees an error made by a closing etcd client. The proxies are
+// back to Pass for Restart.
 func (r *Replica) Crash() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -211,11 +215,13 @@ func (r *Replica) Crash() {
 		return
 	}
 	r.running = false
-	r.cli.Close()
+	r.PartitionFromEtcd()
 	r.gs.Stop()
+	r.cli.Close()
 	r.stopEnds()
 	r.mgr.Close()
 	r.stopFollow()
+	r.Heal()
 }
 
 // PartitionFromEtcd blackholes every proxy of the replica: its etcd calls

@@ -47,7 +47,7 @@ type Workload struct {
 	watches watchReports
 	paused  atomic.Int64
 	holds   atomic.Int64
-	once   sync.Once
+	once    sync.Once
 }
 
 // defaults fills the unset fields, once (Run and Client may race to it).
