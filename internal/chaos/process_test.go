@@ -85,7 +85,7 @@ func TestSIGSTOPReplicaProcess(t *testing.T) {
 	defer conn.Close()
 	lcs := []coordinatorv1.LockServiceClient{coordinatorv1.NewLockServiceClient(conn), e.Replicas[0].Client()}
 	r := run{d: scale(14 * time.Second), names: []string{"a"}, pauseOneIn: 4, wantStale: true}
-	w := &chaos.Workload{Replicas: lcs, Names: r.names, ClientsPerName: 3, PauseOneIn: r.pauseOneIn}
+	w := &chaos.Workload{Replicas: lcs, Names: r.names, ClientsPerName: 3, PauseOneIn: r.pauseOneIn, Compacted: e.Compactor.Compacted}
 	ctx, cancel := context.WithTimeout(context.Background(), r.d)
 	defer cancel()
 	bg := make(chan struct{})

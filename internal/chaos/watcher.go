@@ -21,10 +21,11 @@ import (
 // Watch op (so the answer checks see its code); what it saw is checked as
 // it arrives (see watcher.saw).
 type watcher struct {
-	w    *Workload
-	c    *Client // for the replica choice and the recording
-	rng  *mrand.Rand
-	next int64 // the start revision of the next stream (0: current state)
+	w      *Workload
+	c      *Client // for the replica choice and the recording
+	rng    *mrand.Rand
+	next   int64 // the start revision of the next stream (0: current state)
+	probed bool  // a stream from a compacted revision ran
 	// lastRev and lastTok: the highest revision and granted token seen.
 	lastRev, lastTok int64
 }
@@ -68,9 +69,10 @@ func (wt *watcher) violation(format string, args ...any) {
 func (wt *watcher) loop(ctx context.Context) {
 	for ctx.Err() == nil {
 		start := wt.next
-		probe := wt.w.Compacted != nil && wt.w.Compacted() >= 2 && wt.rng.IntN(4) == 0
+		// The first stream once the compactor ran, then one in four.
+		probe := wt.w.Compacted != nil && wt.w.Compacted() >= 2 && (!wt.probed || wt.rng.IntN(4) == 0)
 		if probe {
-			start = 2
+			start, wt.probed = 2, true
 		}
 		wt.stream(ctx, start, probe, time.Duration(200+wt.rng.IntN(1300))*time.Millisecond)
 		sleep(ctx, time.Duration(wt.rng.IntN(100))*time.Millisecond)
