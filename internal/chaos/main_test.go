@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
-
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
@@ -161,8 +160,10 @@ func check(t *testing.T, w *chaos.Workload, wantStale bool) result {
 	v := chaos.CheckLinearizable(ops, 2*time.Minute)
 	reg := chaos.CheckRegister(w.Reg.Writes())
 	wr := w.Watches()
-	t.Logf("hold: %d rounds on Hold streams; watch: %d streams (%d resumed from a revision, %d OUT_OF_RANGE, %d of them from a compacted revision), %d events, %d violations",
-		w.Holds(), wr.Streams, wr.Resumes, wr.OutOfRange, wr.CompactedProbes, wr.Events, len(wr.Violations))
+	if wr.Streams > 0 || w.Holds() > 0 {
+		t.Logf("hold: %d rounds on Hold streams; watch: %d streams (%d resumed from a revision, %d OUT_OF_RANGE, %d of them from a compacted revision), %d events, %d violations",
+			w.Holds(), wr.Streams, wr.Resumes, wr.OutOfRange, wr.CompactedProbes, wr.Events, len(wr.Violations))
+	}
 	t.Logf("checked %d ops (%d ambiguous, %d grants): %s; register: %d writes, %d accepted, %d rejected, stale %d/%d rejected, %d violations",
 		v.Ops, v.Ambiguous, v.Grants, v.Result, reg.Writes, reg.Accepted, reg.Rejected, reg.StaleRejected, reg.StaleAttempts, len(reg.Violations))
 	if err := v.Err(); err != nil {
