@@ -7,6 +7,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/chaos"
@@ -142,5 +143,60 @@ func TestCheckersCatchBrokenBuild(t *testing.T) {
 	}
 	if len(reg.Violations) == 0 {
 		t.Fatal("the register checker missed the broken build")
+	}
+}
+
+// TestSafeUntilCheckerCatchesEarlyEnds: a grant given while an earlier one
+// is inside its safe_until (extended by a renewal) is reported, unless the
+// earlier holder released first or its safe_until had passed.
+func TestSafeUntilCheckerCatchesEarlyEnds(t *testing.T) {
+	granted := func(c int, tok, ret, safe int64) chaos.Op {
+		return chaos.Op{Client: c, Name: "x", Kind: chaos.Acquire, Token: tok, Outcome: chaos.OK, Call: ret - 1, Return: ret, SafeUntil: safe}
+	}
+	renewed := func(c int, tok, ret, safe int64) chaos.Op {
+		return chaos.Op{Client: c, Name: "x", Kind: chaos.KeepAlive, Token: tok, Outcome: chaos.OK, Call: ret - 1, Return: ret, SafeUntil: safe}
+	}
+	released := func(c int, tok, call int64, out chaos.Outcome) chaos.Op {
+		return chaos.Op{Client: c, Name: "x", Kind: chaos.Release, Token: tok, Outcome: out, Call: call, Return: call + 1}
+	}
+	s := int64(time.Second)
+	for _, tc := range []struct {
+		name string
+		ops  []chaos.Op
+		bad  int
+	}{
+		{"after safe_until", []chaos.Op{granted(1, 10, 0, 2*s), granted(2, 12, 3*s, 5*s)}, 0},
+		{"inside safe_until", []chaos.Op{granted(1, 10, 0, 2*s), granted(2, 12, s, 5*s)}, 1},
+		{"inside a renewal's safe_until", []chaos.Op{granted(1, 10, 0, 2*s), renewed(1, 10, s, 3*s), granted(2, 12, 5*s/2, 5*s)}, 1},
+		{"after a release", []chaos.Op{granted(1, 10, 0, 2*s), released(1, 10, s/2, chaos.OK), granted(2, 12, s, 5*s)}, 0},
+		{"released only after the later grant", []chaos.Op{granted(1, 10, 0, 2*s), granted(2, 12, s, 5*s), released(1, 10, 3*s/2, chaos.Failed)}, 1},
+		{"after an ambiguous release", []chaos.Op{granted(1, 10, 0, 2*s), released(1, 10, s/2, chaos.Ambiguous), granted(2, 12, s, 5*s)}, 0},
+		{"after someone else's release", []chaos.Op{granted(1, 10, 0, 2*s), released(3, 10, s/2, chaos.Failed), granted(2, 12, s, 5*s)}, 1},
+		{"a retry's answer of the same grant", []chaos.Op{granted(1, 10, 0, 2*s), granted(1, 10, s, 3*s)}, 0},
+		{"another name", []chaos.Op{granted(1, 10, 0, 2*s), {Client: 2, Name: "y", Kind: chaos.Acquire, Token: 12, Outcome: chaos.OK, Return: s, SafeUntil: 5 * s}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if bad := chaos.CheckSafeUntil(tc.ops); len(bad) != tc.bad {
+				t.Fatalf("%d violations, want %d: %v", len(bad), tc.bad, bad)
+			}
+		})
+	}
+}
+
+// TestAnswersCheckerCatchesInternal: INTERNAL and UNKNOWN answers are
+// reported, whatever the call; other codes are not.
+func TestAnswersCheckerCatchesInternal(t *testing.T) {
+	ops := []chaos.Op{
+		{Kind: chaos.Acquire, Outcome: chaos.Ambiguous, Code: codes.Internal},
+		{Kind: chaos.Watch, Outcome: chaos.Ambiguous, Code: codes.Unknown},
+		{Kind: chaos.Acquire, Outcome: chaos.Ambiguous, Code: codes.Unavailable},
+		{Kind: chaos.KeepAlive, Outcome: chaos.Failed, Code: codes.NotFound},
+		{Kind: chaos.Validate, Outcome: chaos.OK},
+	}
+	if bad := chaos.CheckAnswers(ops); len(bad) != 2 {
+		t.Fatalf("%d violations, want 2: %v", len(bad), bad)
+	}
+	if c := chaos.Code(context.DeadlineExceeded); c != codes.DeadlineExceeded {
+		t.Fatalf("a caller's own deadline is %v", c)
 	}
 }

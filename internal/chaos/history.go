@@ -30,10 +30,15 @@ const (
 	// ValidateResource: ValidateToken(Name, Token, resource "res/"+Name);
 	// OK means valid=true (and the resource's mark advanced to Token).
 	ValidateResource
+	// Watch is one Watch stream from start revision Token: OK when the
+	// watcher ended it, Failed for OUT_OF_RANGE (compacted). It is not a
+	// lock operation: the linearizability check leaves it out, the other
+	// checkers (no INTERNAL, ...) see it.
+	Watch
 )
 
 func (k Kind) String() string {
-	return [...]string{"?", "acquire", "validate", "keepalive", "release", "release-other", "validate-resource"}[k]
+	return [...]string{"?", "acquire", "validate", "keepalive", "release", "release-other", "validate-resource", "watch"}[k]
 }
 
 // Outcome is what a call returned.
@@ -64,10 +69,18 @@ type Op struct {
 	Call    int64
 	Return  int64
 	Err     string // the error of a failed or ambiguous call
+	// Code is the gRPC code of Err (OK without an error).
+	Code codes.Code
+	// SafeUntil is the answer's safe_until (history time) for an Acquire
+	// or KeepAlive that answered OK; 0 otherwise.
+	SafeUntil int64
 }
 
 func (o Op) String() string {
 	s := fmt.Sprintf("c%d %s(%q, %d) -> %s [%d..%d]", o.Client, o.Kind, o.Name, o.Token, o.Outcome, o.Call, o.Return)
+	if o.SafeUntil != 0 {
+		s += fmt.Sprintf(" safe_until=%d", o.SafeUntil)
+	}
 	if o.Err != "" {
 		s += " " + o.Err
 	}
@@ -95,6 +108,22 @@ func (r *Recorder) Add(op Op) {
 	r.mu.Lock()
 	r.ops = append(r.ops, op)
 	r.mu.Unlock()
+}
+
+// Code is the gRPC code of a call's error: a context error of the caller's
+// own is DEADLINE_EXCEEDED or CANCELLED (never UNKNOWN, which the checkers
+// reserve for what the server answered).
+func Code(err error) codes.Code {
+	if err == nil {
+		return codes.OK
+	}
+	if st, ok := status.FromError(err); ok {
+		return st.Code()
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return status.FromContextError(err).Code()
+	}
+	return codes.Unknown
 }
 
 // Ops is a copy of the history so far.

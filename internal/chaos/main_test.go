@@ -2,10 +2,12 @@ package chaos_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/chaos"
@@ -75,7 +77,8 @@ func (r run) exec(t *testing.T, e *chaos.Env, fault func(ctx context.Context, w 
 	if r.perName == 0 {
 		r.perName = 3
 	}
-	w := &chaos.Workload{Replicas: clients(e), Names: r.names, ClientsPerName: r.perName, PauseOneIn: r.pauseOneIn, Seed: r.seed}
+	w := &chaos.Workload{Replicas: clients(e), Names: r.names, ClientsPerName: r.perName, PauseOneIn: r.pauseOneIn, Seed: r.seed,
+		Compacted: e.Compactor.Compacted}
 	if r.after == 0 {
 		r.after = 4 * time.Second
 	}
@@ -96,7 +99,59 @@ func (r run) exec(t *testing.T, e *chaos.Env, fault func(ctx context.Context, w 
 	time.Sleep(time.Until(end))
 	cancel()
 	<-done
-	return check(t, w, r.wantStale)
+	res := check(t, w, r.wantStale)
+	survived(t, e)
+	return res
+}
+
+// survived checks that the watch paths came through the faults and the
+// compaction: every running replica's holder view follows etcd again, and
+// a grant made and released through each replica is reported by every
+// running replica's lock-end watch.
+func survived(t *testing.T, e *chaos.Env) {
+	t.Helper()
+	ctx := context.Background()
+	var running []*chaos.Replica
+	for _, r := range e.Replicas {
+		if r.Running() {
+			running = append(running, r)
+		}
+	}
+	eventually(t, 30*time.Second, "every holder view follows etcd", func() bool {
+		for _, r := range running {
+			if !r.Following() {
+				return false
+			}
+		}
+		return true
+	})
+	for _, r := range running {
+		var g *coordinatorv1.AcquireResponse
+		eventually(t, 30*time.Second, fmt.Sprintf("a grant through replica %d", r.ID), func() bool {
+			var err error
+			g, err = r.Client().Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "probe", Ttl: durationpb.New(5 * time.Second), Wait: durationpb.New(5 * time.Second)})
+			return err == nil
+		})
+		if rr, err := r.Client().Release(ctx, &coordinatorv1.ReleaseRequest{Name: "probe", Token: g.GetToken(), Handle: g.GetHandle()}); err != nil || !rr.GetReleased() {
+			t.Fatalf("probe release through replica %d: %v %v", r.ID, rr, err)
+		}
+		for _, o := range running {
+			eventually(t, 15*time.Second, fmt.Sprintf("replica %d's lock-end watch reports the probe's end (token %d)", o.ID, g.GetToken()), func() bool {
+				return o.SawEnd("probe", g.GetToken())
+			})
+		}
+	}
+	t.Logf("compaction: %d compactions, up to revision %d; replica warnings: %v", e.Compactor.Runs(), e.Compactor.Compacted(), warnings(running))
+}
+
+func warnings(rs []*chaos.Replica) map[string]int {
+	all := map[string]int{}
+	for _, r := range rs {
+		for k, v := range r.Events.Counts() {
+			all[k] += v
+		}
+	}
+	return all
 }
 
 func check(t *testing.T, w *chaos.Workload, wantStale bool) result {
@@ -104,6 +159,11 @@ func check(t *testing.T, w *chaos.Workload, wantStale bool) result {
 	ops := w.Rec.Ops()
 	v := chaos.CheckLinearizable(ops, 2*time.Minute)
 	reg := chaos.CheckRegister(w.Reg.Writes())
+	wr := w.Watches()
+	if wr.Streams > 0 || w.Holds() > 0 {
+		t.Logf("hold: %d rounds on Hold streams; watch: %d streams (%d resumed from a revision, %d OUT_OF_RANGE, %d of them from a compacted revision), %d events, %d violations",
+			w.Holds(), wr.Streams, wr.Resumes, wr.OutOfRange, wr.CompactedProbes, wr.Events, len(wr.Violations))
+	}
 	t.Logf("checked %d ops (%d ambiguous, %d grants): %s; register: %d writes, %d accepted, %d rejected, stale %d/%d rejected, %d violations",
 		v.Ops, v.Ambiguous, v.Grants, v.Result, reg.Writes, reg.Accepted, reg.Rejected, reg.StaleRejected, reg.StaleAttempts, len(reg.Violations))
 	if err := v.Err(); err != nil {
@@ -115,8 +175,29 @@ func check(t *testing.T, w *chaos.Workload, wantStale bool) result {
 	if len(reg.Violations) > 0 {
 		t.Fatalf("register violations: %v", reg.Violations)
 	}
+	// The promises every scenario keeps, whatever the fault: a grant is
+	// never taken away inside its safe_until, and no call answers INTERNAL
+	// or UNKNOWN.
+	for _, c := range []struct {
+		what string
+		bad  []string
+	}{
+		{"grants taken away inside their safe_until", chaos.CheckSafeUntil(ops)},
+		{"calls answered INTERNAL or UNKNOWN", chaos.CheckAnswers(ops)},
+		{"Watch streams", wr.Violations},
+	} {
+		for _, b := range c.bad {
+			t.Errorf("%s: %s", c.what, b)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
 	if v.Grants == 0 {
 		t.Fatal("void run: no grant at all")
+	}
+	if wr.Streams > 0 && wr.CompactedProbes == 0 {
+		t.Fatal("void run: no Watch from a compacted start_revision was answered OUT_OF_RANGE")
 	}
 	if wantStale && reg.StaleRejected == 0 {
 		t.Fatalf("void run: the fault was meant to cause a stale write, but none was refused (%d paused holders)", w.Paused())

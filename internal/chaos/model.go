@@ -159,8 +159,12 @@ func (v Verdict) Err() error {
 // CheckLinearizable checks ops against Model within timeout.
 func CheckLinearizable(ops []Op, timeout time.Duration) Verdict {
 	h := make([]porcupine.Operation, 0, len(ops))
-	v := Verdict{Ops: len(ops)}
+	var v Verdict
 	for _, op := range ops {
+		if op.Kind == Watch {
+			continue // not a lock operation
+		}
+		v.Ops++
 		if op.Outcome == Ambiguous {
 			v.Ambiguous++
 		}

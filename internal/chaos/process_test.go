@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -84,7 +85,7 @@ func TestSIGSTOPReplicaProcess(t *testing.T) {
 	defer conn.Close()
 	lcs := []coordinatorv1.LockServiceClient{coordinatorv1.NewLockServiceClient(conn), e.Replicas[0].Client()}
 	r := run{d: scale(14 * time.Second), names: []string{"a"}, pauseOneIn: 4, wantStale: true}
-	w := &chaos.Workload{Replicas: lcs, Names: r.names, ClientsPerName: 3, PauseOneIn: r.pauseOneIn}
+	w := &chaos.Workload{Replicas: lcs, Names: r.names, ClientsPerName: 3, PauseOneIn: r.pauseOneIn, Compacted: e.Compactor.Compacted}
 	ctx, cancel := context.WithTimeout(context.Background(), r.d)
 	defer cancel()
 	bg := make(chan struct{})
@@ -155,4 +156,106 @@ func processState(pid int) byte {
 		return 0
 	}
 	return b[i+2]
+}
+
+// TestRetryElsewhereWhileWaiterReplicaFrozen is the lease promise under a
+// replica pause (issue 13, row 17): client C waits on replica A (a
+// coordinatord process) with a request id and a short deadline; A freezes;
+// C's call ends with DEADLINE_EXCEEDED and C retries with the same id on
+// replica B, which resumes the same queue entry and grants it. When A
+// thaws, its clean-up of the abandoned wait must not end that grant: C's
+// token stays valid and nobody else is granted the lock until C's
+// safe_until (CheckSafeUntil, run by check, judges the history).
+func TestRetryElsewhereWhileWaiterReplicaFrozen(t *testing.T) {
+	scenario(t, false)
+	e := newEnv(t, 1)
+	cmd, addr := startDaemon(t, e.Cluster.ClientURLs())
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	const a, b = 0, 1
+	w := &chaos.Workload{Replicas: []coordinatorv1.LockServiceClient{coordinatorv1.NewLockServiceClient(conn), e.Replicas[0].Client()}}
+	ctx := context.Background()
+	blocker, c, d := w.Client(1000, "f"), w.Client(1001, "f"), w.Client(1002, "f")
+	blocker.Use(b)
+	blocker.TTL = 10 * time.Second
+	gb, ok := blocker.Acquire(ctx)
+	if !ok {
+		t.Fatal("blocker not granted")
+	}
+
+	// C waits on A, with a deadline far shorter than its wait.
+	c.Use(a)
+	c.TTL, c.Wait, c.Timeout = 8*time.Second, 20*time.Second, 1500*time.Millisecond
+	rid := chaos.RequestID()
+	first := make(chan chaos.Outcome, 1)
+	go func() {
+		_, out := c.AcquireID(ctx, rid, 1)
+		first <- out
+	}()
+	var entry int64 // C's queue entry: its create revision is the token it will get
+	eventually(t, 10*time.Second, "C is queued through A", func() bool {
+		r, err := e.Etcd.Get(ctx, chaos.KeyPrefix+"locks/f/", clientv3.WithLastCreate()...)
+		if err != nil || r.Count != 2 {
+			return false
+		}
+		entry = r.Kvs[0].CreateRevision
+		return true
+	})
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			_ = cmd.Process.Signal(syscall.SIGCONT)
+		}
+	}
+	defer thaw()
+	eventually(t, 5*time.Second, "A is stopped", func() bool { return processState(cmd.Process.Pid) == 'T' })
+	if out := <-first; out != chaos.Ambiguous {
+		t.Fatalf("C's wait through the frozen replica: %v, want DEADLINE_EXCEEDED", out)
+	}
+
+	// C retries with the same id on B, which resumes the entry and grants
+	// it once the blocker is gone.
+	if blocker.Release(ctx, chaos.Release, gb.GetToken(), gb.GetHandle()) != chaos.OK {
+		t.Fatal("blocker's release failed")
+	}
+	c.Use(b)
+	c.Wait, c.Timeout = 5*time.Second, 0
+	g, out := c.AcquireID(ctx, rid, 1)
+	if out != chaos.OK || g.GetToken() != entry {
+		t.Fatalf("C's retry on B: %v token %d, want the grant of its queue entry %d", out, g.GetToken(), entry)
+	}
+	safeUntil := g.GetSafeUntil().AsTime()
+	t.Logf("C granted token %d through B, safe until %v from now", g.GetToken(), time.Until(safeUntil).Round(time.Millisecond))
+
+	// A thaws: its abandoned wait is cleaned up.
+	thaw()
+	eventually(t, 10*time.Second, "the thawed replica answers", func() bool {
+		_, err := w.Replicas[a].ValidateToken(ctx, &coordinatorv1.ValidateTokenRequest{Name: "f", Token: g.GetToken()})
+		return err == nil
+	})
+	time.Sleep(500 * time.Millisecond) // A's clean-up has run by now
+
+	// Until C's safe_until, C holds the lock: valid, and nobody else gets it.
+	c.Use(b)
+	if ok, err := c.Validate(ctx, "f", g.GetToken()); !ok || err != nil {
+		t.Errorf("C's token is not valid %v before its safe_until (err %v)", time.Until(safeUntil).Round(time.Millisecond), err)
+	}
+	d.Use(b)
+	d.Wait = 500 * time.Millisecond
+	if gd, ok := d.Acquire(ctx); ok {
+		t.Errorf("D granted token %d %v before C's safe_until", gd.GetToken(), time.Until(safeUntil).Round(time.Millisecond))
+		d.Release(ctx, chaos.Release, gd.GetToken(), gd.GetHandle())
+	}
+	if time.Now().After(safeUntil) {
+		t.Fatal("void run: the checks ran after C's safe_until (machine too slow)")
+	}
+	c.Release(ctx, chaos.Release, g.GetToken(), g.GetHandle())
+	check(t, w, false)
 }

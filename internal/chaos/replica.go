@@ -42,14 +42,21 @@ type Replica struct {
 	conn    *grpc.ClientConn
 	lc      coordinatorv1.LockServiceClient
 	running bool
-	// stopFollow stops the validator's holder view and waits for it.
-	stopFollow func()
+	val     *fence.Validator
+	// stopFollow stops the validator's holder view and waits for it;
+	// stopEnds the lock-end watch.
+	stopFollow, stopEnds func()
+
+	// Events counts the replica's warnings across restarts.
+	Events *Events
+	endsMu sync.Mutex
+	ends   []lease.GrantEnd
 }
 
 // NewReplica starts a replica with a proxy in front of every member of c.
 // opts are added to the gRPC server's (a test can inject a broken build).
 func NewReplica(id int, c *Cluster, opts ...grpc.ServerOption) (*Replica, error) {
-	r := &Replica{ID: id, opts: opts}
+	r := &Replica{ID: id, opts: opts, Events: NewEvents()}
 	for i := range c.Size() {
 		p, err := NewProxy(strings.TrimPrefix(c.ClientURL(i), "http://"))
 		if err != nil {
@@ -113,7 +120,7 @@ func (r *Replica) Restart() error {
 	if err != nil {
 		return err
 	}
-	mgr, err := lease.New(cli, lease.WithKeyPrefix(KeyPrefix))
+	mgr, err := lease.New(cli, lease.WithKeyPrefix(KeyPrefix), lease.WithLogger(r.Events.Logger()))
 	if err != nil {
 		cli.Close()
 		return err
@@ -151,13 +158,56 @@ func (r *Replica) Restart() error {
 	}
 	// Validations answer from the watch-fed holder view (the checkers
 	// hold it to linearizability like everything else).
-	r.stopFollow = val.FollowInBackground(nil)
-	r.cli, r.mgr, r.gs, r.running = cli, mgr, gs, true
+	r.stopFollow = val.FollowInBackground(r.Events.Logger())
+	// The lock-end watch, as the daemon runs it (for its metrics).
+	ectx, ecancel := context.WithCancel(context.Background())
+	edone := make(chan struct{})
+	go func() {
+		defer close(edone)
+		_ = mgr.WatchEnds(ectx, 0, func(e lease.GrantEnd) {
+			r.endsMu.Lock()
+			r.ends = append(r.ends, e)
+			r.endsMu.Unlock()
+		})
+	}()
+	r.stopEnds = func() { ecancel(); <-edone }
+	r.cli, r.mgr, r.gs, r.val, r.running = cli, mgr, gs, val, true
 	return nil
 }
 
-// Crash cuts the replica off etcd first (so that it cleans nothing up), then
-// stops its server: in-flight calls fail, grants stay in etcd.
+// SawEnd tells whether the replica's lock-end watch reported the end of
+// the grant (name, token).
+func (r *Replica) SawEnd(name string, token int64) bool {
+	r.endsMu.Lock()
+	defer r.endsMu.Unlock()
+	for _, e := range r.ends {
+		if e.Name == name && e.Token == token {
+			return true
+		}
+	}
+	return false
+}
+
+// Following tells whether the replica runs and its holder view follows etcd.
+func (r *Replica) Following() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.running && r.val.Following()
+}
+
+// Running tells whether the replica serves (it was not crashed).
+func (r *Replica) Running() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.running
+}
+
+// Crash stops the replica as a crash would: its etcd traffic is cut first
+// (blackholed: nothing more reaches etcd, so it cleans nothing up), then its
+// server stops (in-flight calls fail with a broken connection, grants stay in
+// etcd), then its etcd client closes. A crashed process answers nothing
+// more: no call sees an error made by a closing etcd client. The proxies are
+// back to Pass for Restart.
 func (r *Replica) Crash() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -165,10 +215,13 @@ func (r *Replica) Crash() {
 		return
 	}
 	r.running = false
-	r.cli.Close()
+	r.PartitionFromEtcd()
 	r.gs.Stop()
+	r.cli.Close()
+	r.stopEnds()
 	r.mgr.Close()
 	r.stopFollow()
+	r.Heal()
 }
 
 // PartitionFromEtcd blackholes every proxy of the replica: its etcd calls
@@ -222,6 +275,9 @@ type Env struct {
 	Replicas []*Replica
 	// Etcd is a direct (unproxied) client for assertions.
 	Etcd *clientv3.Client
+	// Compactor compacts etcd's history to its current revision every
+	// CompactEvery, under every scenario (a fault like the others).
+	Compactor *Compactor
 }
 
 // NewEnv starts a 3-member cluster under dir and n replicas.
@@ -250,11 +306,15 @@ func NewEnv(dir string, replicas int, opts ...grpc.ServerOption) (*Env, error) {
 		e.Close()
 		return nil, err
 	}
+	e.Compactor = StartCompactor(e.Etcd)
 	return e, nil
 }
 
 // Close stops everything.
 func (e *Env) Close() {
+	if e.Compactor != nil {
+		e.Compactor.Stop()
+	}
 	for _, r := range e.Replicas {
 		r.Close()
 	}

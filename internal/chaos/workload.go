@@ -36,11 +36,18 @@ type Workload struct {
 	// Seed makes the clients' choices reproducible (not the faults' timing).
 	Seed uint64
 
+	// Compacted, if set, is the highest revision compacted so far
+	// (Compactor.Compacted): the watchers then check that a compacted
+	// start_revision answers OUT_OF_RANGE.
+	Compacted func() int64
+
 	Rec *Recorder
 	Reg *Register
 
-	paused atomic.Int64
-	once   sync.Once
+	watches watchReports
+	paused  atomic.Int64
+	holds   atomic.Int64
+	once    sync.Once
 }
 
 // defaults fills the unset fields, once (Run and Client may race to it).
@@ -74,6 +81,9 @@ func (w *Workload) Client(id int, name string) *Client {
 	return &Client{w: w, id: id, name: name, rng: mrand.New(mrand.NewPCG(w.Seed, uint64(id)))}
 }
 
+// Holds is how many rounds ran on a Hold stream.
+func (w *Workload) Holds() int64 { return w.holds.Load() }
+
 // Paused is how many paused holders ran.
 func (w *Workload) Paused() int64 { return w.paused.Load() }
 
@@ -90,14 +100,21 @@ func (w *Workload) Run(ctx context.Context) {
 			wg.Go(func() { c.loop(ctx) })
 		}
 	}
+	// One watcher per name (ids from 500), resuming its Watch streams.
+	for i, name := range w.Names {
+		id := 500 + i
+		wt := &watcher{w: w, c: &Client{w: w, id: id, name: name, home: id % len(w.Replicas)}, rng: mrand.New(mrand.NewPCG(w.Seed, uint64(id)))}
+		wg.Go(func() { wt.loop(ctx) })
+	}
 	wg.Wait()
 }
 
 // Client is one recorded client of the workload, also usable on its own
 // for a scenario's targeted steps.
 type Client struct {
-	// Wait overrides the workload's Acquire wait when set.
-	Wait time.Duration
+	// Wait, TTL override the workload's Acquire wait and TTL when set;
+	// Timeout overrides an Acquire's deadline (by default the wait + 2s).
+	Wait, TTL, Timeout time.Duration
 
 	w    *Workload
 	id   int
@@ -114,30 +131,48 @@ func (c *Client) LC() coordinatorv1.LockServiceClient {
 	return c.w.Replicas[c.home%len(c.w.Replicas)]
 }
 
+// reply is what a call learned: the granted token (Acquire), its outcome,
+// and the answer's safe_until (Acquire, KeepAlive; zero if none).
+type reply struct {
+	token     int64
+	out       Outcome
+	safeUntil time.Time
+}
+
 // call runs f with a bounded context and records it.
-func (c *Client) call(ctx context.Context, kind Kind, token int64, f func(context.Context) (int64, Outcome, error)) (int64, Outcome) {
+func (c *Client) call(ctx context.Context, kind Kind, token int64, f func(context.Context) (reply, error)) (int64, Outcome) {
 	return c.callT(ctx, c.w.CallTimeout, kind, token, f)
 }
 
-func (c *Client) callT(ctx context.Context, timeout time.Duration, kind Kind, token int64, f func(context.Context) (int64, Outcome, error)) (int64, Outcome) {
+func (c *Client) callT(ctx context.Context, timeout time.Duration, kind Kind, token int64, f func(context.Context) (reply, error)) (int64, Outcome) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	op := Op{Client: c.id, Name: c.name, Kind: kind, Token: token, Call: c.w.Rec.Now()}
-	tok, out, err := f(cctx)
+	r, err := f(cctx)
+	return r.token, c.record(op, r, err)
+}
+
+// record completes op (invoked at op.Call) with what the call learned and
+// adds it to the history; it returns the outcome.
+func (c *Client) record(op Op, r reply, err error) Outcome {
 	op.Return = c.w.Rec.Now()
+	out := r.out
 	if err != nil {
 		out = Classify(err)
 		op.Err = err.Error()
+		op.Code = Code(err)
+	} else if !r.safeUntil.IsZero() {
+		op.SafeUntil = c.w.Rec.At(r.safeUntil)
 	}
-	if kind == Acquire {
-		op.Token = tok
+	if op.Kind == Acquire {
+		op.Token = r.token
 	}
 	op.Outcome = out
 	c.w.Rec.Add(op)
 	if out == Ambiguous {
 		c.home++ // try another replica next
 	}
-	return tok, out
+	return out
 }
 
 // RequestID returns a fresh random request id.
@@ -162,23 +197,30 @@ func (c *Client) AcquireID(ctx context.Context, rid string, tries int) (*coordin
 	if c.Wait > 0 {
 		wait = c.Wait
 	}
+	ttl := c.w.TTL
+	if c.TTL > 0 {
+		ttl = c.TTL
+	}
 	timeout := max(c.w.CallTimeout, wait+2*time.Second)
+	if c.Timeout > 0 {
+		timeout = c.Timeout
+	}
 	out := Ambiguous
 	for range tries {
 		if ctx.Err() != nil {
 			return nil, out
 		}
 		var resp *coordinatorv1.AcquireResponse
-		_, out = c.callT(ctx, timeout, Acquire, 0, func(cctx context.Context) (int64, Outcome, error) {
+		_, out = c.callT(ctx, timeout, Acquire, 0, func(cctx context.Context) (reply, error) {
 			r, err := c.LC().Acquire(cctx, &coordinatorv1.AcquireRequest{
-				Name: c.name, Ttl: durationpb.New(c.w.TTL), Wait: durationpb.New(wait),
+				Name: c.name, Ttl: durationpb.New(ttl), Wait: durationpb.New(wait),
 				Owner: fmt.Sprintf("client-%d", c.id), RequestId: rid,
 			})
 			if err != nil {
-				return 0, 0, err
+				return reply{}, err
 			}
 			resp = r
-			return r.GetToken(), OK, nil
+			return reply{token: r.GetToken(), out: OK, safeUntil: r.GetSafeUntil().AsTime()}, nil
 		})
 		if out != Ambiguous {
 			return resp, out
@@ -201,7 +243,7 @@ func (c *Client) ValidateResource(ctx context.Context, name string, token int64)
 
 func (c *Client) validate(ctx context.Context, kind Kind, name string, token int64) (bool, error) {
 	var verr error
-	_, out := c.call(ctx, kind, token, func(cctx context.Context) (int64, Outcome, error) {
+	_, out := c.call(ctx, kind, token, func(cctx context.Context) (reply, error) {
 		req := &coordinatorv1.ValidateTokenRequest{Name: name, Token: token}
 		if kind == ValidateResource {
 			req.Resource = "res/" + name
@@ -209,36 +251,39 @@ func (c *Client) validate(ctx context.Context, kind Kind, name string, token int
 		r, err := c.LC().ValidateToken(cctx, req)
 		if err != nil {
 			verr = err
-			return 0, 0, err
+			return reply{}, err
 		}
 		if r.GetValid() {
-			return 0, OK, nil
+			return reply{out: OK}, nil
 		}
-		return 0, Failed, nil
+		return reply{out: Failed}, nil
 	})
 	return out == OK, verr
 }
 
 // KeepAlive renews g.
 func (c *Client) KeepAlive(ctx context.Context, g *coordinatorv1.AcquireResponse) Outcome {
-	_, out := c.call(ctx, KeepAlive, g.GetToken(), func(cctx context.Context) (int64, Outcome, error) {
-		_, err := c.LC().KeepAlive(cctx, &coordinatorv1.KeepAliveRequest{Name: c.name, Token: g.GetToken(), Handle: g.GetHandle()})
-		return 0, OK, err
+	_, out := c.call(ctx, KeepAlive, g.GetToken(), func(cctx context.Context) (reply, error) {
+		r, err := c.LC().KeepAlive(cctx, &coordinatorv1.KeepAliveRequest{Name: c.name, Token: g.GetToken(), Handle: g.GetHandle()})
+		if err != nil {
+			return reply{}, err
+		}
+		return reply{out: OK, safeUntil: r.GetSafeUntil().AsTime()}, nil
 	})
 	return out
 }
 
 // Release releases token with handle; kind is Release or ReleaseOther.
 func (c *Client) Release(ctx context.Context, kind Kind, token int64, handle string) Outcome {
-	_, out := c.call(ctx, kind, token, func(cctx context.Context) (int64, Outcome, error) {
+	_, out := c.call(ctx, kind, token, func(cctx context.Context) (reply, error) {
 		r, err := c.LC().Release(cctx, &coordinatorv1.ReleaseRequest{Name: c.name, Token: token, Handle: handle})
 		if err != nil {
-			return 0, 0, err
+			return reply{}, err
 		}
 		if r.GetReleased() {
-			return 0, OK, nil
+			return reply{out: OK}, nil
 		}
-		return 0, Failed, nil
+		return reply{out: Failed}, nil
 	})
 	return out
 }
@@ -264,6 +309,11 @@ func sleep(ctx context.Context, d time.Duration) {
 
 func (c *Client) loop(ctx context.Context) {
 	for ctx.Err() == nil {
+		if c.rng.IntN(4) == 0 {
+			c.w.holds.Add(1)
+			c.holdRound(ctx) // one round in four on a Hold stream
+			continue
+		}
 		g, ok := c.Acquire(ctx)
 		if !ok {
 			sleep(ctx, time.Duration(c.rng.IntN(50))*time.Millisecond)

@@ -161,6 +161,13 @@ func (w *view) following() bool {
 	return w.live
 }
 
+// Following reports whether Follow runs and its view follows etcd now
+// (validations without a resource answer from it).
+func (v *Validator) Following() bool {
+	w := v.view.Load()
+	return w != nil && w.following()
+}
+
 func (w *view) setLive(live bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

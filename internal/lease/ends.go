@@ -31,8 +31,10 @@ type GrantEnd struct {
 // ends, then returns nil.
 //
 // It survives etcd restarts and leader changes (the watch is resumed from
-// the revision after the last one seen) and compaction (resumed from the
-// oldest revision etcd still has: the ends in between are not reported).
+// the revision after the last one seen) and compaction (resumed at once from
+// the oldest revision etcd still has, the ends in between not reported; if
+// that is compacted too before the watch catches up, as with a compactor that
+// keeps almost no history, from the current revision).
 // It watches the range from "<prefix>ended/" to the end of "<prefix>locks/"
 // with previous values: every queue-key write of every lock crosses it.
 func (m *Manager) WatchEnds(ctx context.Context, after int64, observe func(GrantEnd)) error {
@@ -43,7 +45,9 @@ func (m *Manager) WatchEnds(ctx context.Context, after int64, observe func(Grant
 	}
 	const minBackoff, maxBackoff = 100 * time.Millisecond, 5 * time.Second
 	backoff := minBackoff
+	behind := false // the last watch fell behind the compaction
 	for ctx.Err() == nil {
+		compacted := false
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithPrevKV(), clientv3.WithCreatedNotify()}
 		if next > 0 {
@@ -54,6 +58,10 @@ func (m *Manager) WatchEnds(ctx context.Context, after int64, observe func(Grant
 				m.log.Warn("the lock-end watch fell behind etcd's compaction: ends before the compacted revision are not counted",
 					"from", next, "compacted", wr.CompactRevision)
 				next = wr.CompactRevision
+				if behind {
+					next = 0 // from now: a watch from the past keeps losing the race
+				}
+				compacted = true
 				break
 			}
 			if err := wr.Err(); err != nil {
@@ -70,6 +78,13 @@ func (m *Manager) WatchEnds(ctx context.Context, after int64, observe func(Grant
 			}
 		}
 		cancel()
+		behind = compacted
+		if compacted {
+			// Resume at once: after a backoff, a compactor that keeps
+			// little history has compacted past next again, every time.
+			backoff = minBackoff
+			continue
+		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():

@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -11,6 +12,11 @@ import (
 
 // ErrCompacted: the requested start revision is no longer in etcd's history.
 var ErrCompacted = errors.New("lease: start revision compacted away; start again from the current state (start_revision 0)")
+
+// errWatchClosed: an etcd watch channel closed without an error of the
+// caller's (the etcd client shut down or gave up on its connection): etcd
+// is unavailable to this replica, a retry elsewhere is safe.
+var errWatchClosed = fmt.Errorf("%w: the etcd watch closed", ErrUnavailable)
 
 // EndReason is how a grant ended.
 type EndReason int
@@ -141,7 +147,7 @@ func (m *Manager) Watch(ctx context.Context, name string, startRev int64, emit f
 			return ctx.Err()
 		case wr, ok := <-wch:
 			if !ok {
-				return m.etcdErr(ctx, "watch", ctx.Err())
+				return m.etcdErr(ctx, "watch", errWatchClosed)
 			}
 			if wr.CompactRevision != 0 {
 				return ErrCompacted

@@ -1,0 +1,91 @@
+package chaos
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"google.golang.org/grpc/codes"
+)
+
+// safeSlack absorbs the difference between the server's wall clock (safe_until)
+// and the history's monotonic clock: both are this machine's, so it only
+// covers a conversion, not drift. A broken promise leaves seconds.
+const safeSlack = 100 * time.Millisecond
+
+// grantLife is what a client was promised about one grant: that it holds
+// the lock until safe (the latest safe_until of any answer about it: the
+// grant, a retry resuming it, a renewal) unless it releases it first.
+type grantLife struct {
+	name    string
+	token   int64
+	client  int
+	granted int64 // the first grant answer's return
+	safe    int64
+	release int64 // the first release call by the grantee (MaxInt64: none)
+}
+
+// CheckSafeUntil reports every grant given while an earlier grant of the
+// same name was still inside its safe_until and not released by its holder:
+// the promise that a holder may work until safe_until (coordctl exec, the
+// SDK). The proof is one-sided, so it never blames a legal history: a
+// greater token is granted only after the earlier grant ended in etcd, every
+// OK answer about the earlier grant was computed while it was alive, and
+// its lease runs at least until that answer's safe_until (plus the margin)
+// unless it is released or revoked. So a second grant answered before the
+// earlier one's safe_until means that grant was ended early.
+func CheckSafeUntil(ops []Op) []string {
+	lives := map[[2]any]*grantLife{}
+	var order []*grantLife
+	for _, op := range ops {
+		if op.Outcome != OK || (op.Kind != Acquire && op.Kind != KeepAlive) {
+			continue
+		}
+		k := [2]any{op.Name, op.Token}
+		g := lives[k]
+		if g == nil {
+			g = &grantLife{name: op.Name, token: op.Token, client: op.Client, granted: math.MaxInt64, release: math.MaxInt64}
+			lives[k] = g
+			order = append(order, g)
+		}
+		if op.Kind == Acquire {
+			g.granted = min(g.granted, op.Return)
+		}
+		g.safe = max(g.safe, op.SafeUntil)
+	}
+	for _, op := range ops {
+		if op.Kind == Release {
+			if g := lives[[2]any{op.Name, op.Token}]; g != nil && g.client == op.Client {
+				g.release = min(g.release, op.Call)
+			}
+		}
+	}
+	var out []string
+	for _, early := range order {
+		for _, later := range order {
+			if later.name != early.name || later.token <= early.token || later.granted == math.MaxInt64 {
+				continue
+			}
+			// A release invoked before the later grant's answer may be
+			// what ended the earlier grant: not a broken promise.
+			if later.granted < early.safe-int64(safeSlack) && later.granted < early.release {
+				out = append(out, fmt.Sprintf("%q: token %d (client %d) granted at %d while token %d (client %d) was inside its safe_until %d (%v left), not released",
+					later.name, later.token, later.client, later.granted, early.token, early.client, early.safe, time.Duration(early.safe-later.granted)))
+			}
+		}
+	}
+	return out
+}
+
+// CheckAnswers reports every call answered INTERNAL or UNKNOWN: under any
+// fault the contract has a definite code (UNAVAILABLE for etcd trouble,
+// safe to retry), and INTERNAL means a coordinator bug.
+func CheckAnswers(ops []Op) []string {
+	var out []string
+	for _, op := range ops {
+		if op.Code == codes.Internal || op.Code == codes.Unknown {
+			out = append(out, fmt.Sprintf("answered %v: %v", op.Code, op))
+		}
+	}
+	return out
+}
