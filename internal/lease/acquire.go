@@ -96,11 +96,11 @@ func (m *Manager) Acquire(ctx context.Context, name string, opts ...AcquireOptio
 	return m.queued(ctx, parent, a, o, timeout)
 }
 
-// start resumes the acquisition of o.requestID or joins the queue. It
+// start takes over the acquisition of o.requestID or joins the queue. It
 // returns a grant when granted at once, else the queued attempt.
 func (m *Manager) start(ctx, parent context.Context, name string, o acquireOptions) (*attempt, *Grant, error) {
 	if o.requestID != "" {
-		a, err := m.resumeAdopted(ctx, parent, name, o)
+		a, err := m.adoptRequest(ctx, parent, name, o)
 		if err != nil || a != nil {
 			if a != nil && a.rec.Acquired != 0 {
 				g, err := m.regrant(ctx, parent, a)

@@ -156,12 +156,12 @@ func (m *Manager) joinWith(ctx, parent context.Context, name string, o acquireOp
 	}
 	if shape.guardFailed(res) {
 		// A concurrent attempt with the same request id won the race (we
-		// resume it), or the session already has a key in this queue.
+		// take it over), or the session already has a key in this queue.
 		m.discard(a)
 		if a.session {
 			return nil, nil, ErrSessionBusy
 		}
-		r, err := m.resumeAdopted(ctx, parent, name, o)
+		r, err := m.adoptRequest(ctx, parent, name, o)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -45,7 +45,7 @@ func WithOwner(s string) AcquireOption { return func(o *acquireOptions) { o.owne
 // (same token and handle) while it lives, or takes the same queue position
 // while it waits; with other parameters it fails with ErrRequestIDReused,
 // writing nothing. Another caller's id is another key (request.go). The id
-// must be unguessable: with the caller's identity, it resumes the
+// must be unguessable: with the caller's identity, it takes over the
 // acquisition.
 func WithRequestID(id string) AcquireOption { return func(o *acquireOptions) { o.requestID = id } }
 

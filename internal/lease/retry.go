@@ -13,9 +13,9 @@ import (
 // (adoptRequest) or is handed its grant again (regrant). Not to be confused
 // with Resume (watch.go), which re-attaches a Hold stream to a grant.
 
-// resume finds the live acquisition of (caller, name, o.requestID), or
+// lookupRequest finds the live acquisition of (caller, name, o.requestID), or
 // returns nil; ErrRequestIDReused if it was made with other parameters.
-func (m *Manager) resume(ctx, parent context.Context, name string, o acquireOptions) (*attempt, error) {
+func (m *Manager) lookupRequest(ctx, parent context.Context, name string, o acquireOptions) (*attempt, error) {
 	r, err := m.cli.Get(ctx, m.ks.request(o.caller, name, o.requestID))
 	if err != nil {
 		return nil, m.etcdErr(parent, "read request record", err)
@@ -82,10 +82,10 @@ func (m *Manager) regrant(ctx, parent context.Context, a *attempt) (*Grant, erro
 	return g, nil
 }
 
-// adopt takes over a waiting entry that resume found: it rewrites the
+// adopt takes over a waiting entry that lookupRequest found: it rewrites the
 // entry unchanged, so that its mod revision moves and the call that queued
 // it (paused, say, past its caller's deadline) no longer recognises it when
-// it cleans up. It reports false if the entry changed since resume read it.
+// it cleans up. It reports false if the entry changed since it was read.
 func (m *Manager) adopt(ctx, parent context.Context, a *attempt) (bool, error) {
 	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(a.key), "=", a.modRev)).
 		Then(clientv3.OpPut(a.key, a.rec.encode(), clientv3.WithIgnoreLease())).Commit()
@@ -99,15 +99,15 @@ func (m *Manager) adopt(ctx, parent context.Context, a *attempt) (bool, error) {
 	return true, nil
 }
 
-// maxAdoptRounds bounds how often resumeAdopted reads an entry again that
+// maxAdoptRounds bounds how often adoptRequest reads an entry again that
 // changed under it.
 const maxAdoptRounds = 3
 
-// resumeAdopted is resume, with a waiting entry adopted (a granted one is
+// adoptRequest is lookupRequest, with a waiting entry adopted (a granted one is
 // returned as it is, for regrant).
-func (m *Manager) resumeAdopted(ctx, parent context.Context, name string, o acquireOptions) (*attempt, error) {
+func (m *Manager) adoptRequest(ctx, parent context.Context, name string, o acquireOptions) (*attempt, error) {
 	for range maxAdoptRounds {
-		a, err := m.resume(ctx, parent, name, o)
+		a, err := m.lookupRequest(ctx, parent, name, o)
 		if err != nil || a == nil || a.rec.Acquired != 0 {
 			return a, err
 		}

@@ -16,13 +16,13 @@ import (
 // queued it alone: its handle is a fresh secret. A session's entry belongs
 // to the session, and a second Acquire of the same lock in it is refused.
 // But an entry with a request id is known to every retry with that id, on
-// any replica: the retry resumes it (resumeAdopted) and waits for it, or is
+// any replica: the retry takes it over (adoptRequest) and waits for it, or is
 // handed its grant (regrant). The call that queued it may meanwhile have
-// been paused (GC, SIGSTOP) past its caller's deadline; when it resumes,
+// been paused (GC, SIGSTOP) past its caller's deadline; when it wakes,
 // its clean-up must not end what the retry now relies on.
 //
 // So a request-id entry is ended only by a compare on what the withdrawing
-// call knows: the entry's mod revision. A retry that resumes a waiting entry
+// call knows: the entry's mod revision. A retry that finds a waiting entry
 // adopts it by rewriting it (adopt), and a claim rewrites it too, so either
 // makes that compare fail and the clean-up leave the entry alone. A granted
 // request-id entry is never withdrawn: a retry is handed a grant without a

@@ -190,7 +190,7 @@ func TestCleanupNeverEndsAnEntryAnotherReplicaResumed(t *testing.T) {
 		if _, g, err := a.start(ctx, ctx, lock, o); err != nil || g == nil {
 			t.Fatalf("first call: %v %v", g, err)
 		}
-		att, err := a.resume(ctx, ctx, lock, o)
+		att, err := a.lookupRequest(ctx, ctx, lock, o)
 		if err != nil || att == nil {
 			t.Fatalf("A's view of its entry: %v %v", att, err)
 		}
