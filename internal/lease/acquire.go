@@ -63,18 +63,16 @@ type attempt struct {
 // key is removed (or, if etcd cannot be reached, ends with its lease),
 // unless a retry with the same request id may have taken it over
 // (withdraw.go).
+//
+// The phases, one file each: the options, resolved and checked once
+// (options.go); the start: a retry of a request id takes its acquisition
+// over (retry.go), anything else joins the queue (join.go), granted at once
+// when the lock is free; a queued caller waits until the queue admits it
+// (wait.go, admission.go) and then claims the lock (claim.go).
 func (m *Manager) Acquire(ctx context.Context, name string, opts ...AcquireOption) (*Grant, error) {
-	o, err := m.acquireOptions(name, opts)
+	o, err := m.resolveOptions(ctx, name, opts)
 	if err != nil {
 		return nil, err
-	}
-	if o.sessionHandle != "" {
-		if o.session, err = m.sessionOf(ctx, "session_handle", o.sessionHandle, o.caller); err != nil {
-			return nil, err
-		}
-		if o, err = m.acquireOptions(name, append(opts, func(ao *acquireOptions) { ao.session = o.session })); err != nil {
-			return nil, err
-		}
 	}
 	parent := ctx
 	ctx, done, err := m.enter(ctx)
@@ -82,31 +80,41 @@ func (m *Manager) Acquire(ctx context.Context, name string, opts ...AcquireOptio
 		return nil, err
 	}
 	defer done()
-
-	var timeout <-chan time.Time
-	if o.hasWait && o.wait > 0 {
-		t := time.NewTimer(o.wait)
-		defer t.Stop()
-		timeout = t.C
+	timeout, stop := waitTimer(o) // the wait counts from here, the join included
+	defer stop()
+	p, err := m.start(ctx, parent, name, o)
+	if err != nil || p.grant != nil {
+		return p.grant, err
 	}
-	a, g, err := m.start(ctx, parent, name, o)
-	if err != nil || g != nil {
-		return g, err
-	}
-	return m.queued(ctx, parent, a, o, timeout)
+	return m.queued(ctx, parent, p.waiter, o, timeout)
 }
 
-// start takes over the acquisition of o.requestID or joins the queue. It
-// returns a grant when granted at once, else the queued attempt.
-func (m *Manager) start(ctx, parent context.Context, name string, o acquireOptions) (*attempt, *Grant, error) {
+// placed is where the start of an acquisition left the caller: granted
+// (grant) or waiting in the queue (waiter). Exactly one is set, unless
+// nothing was found to place (see retryRequest).
+type placed struct {
+	grant  *Grant
+	waiter *attempt
+}
+
+func (p placed) found() bool { return p.grant != nil || p.waiter != nil }
+
+// waitTimer fires when o's wait elapses; nil (never) when the wait is
+// unbounded or 0 (try once: queued gives up without waiting).
+func waitTimer(o acquireOptions) (<-chan time.Time, func()) {
+	if !o.hasWait || o.wait <= 0 {
+		return nil, func() {}
+	}
+	t := time.NewTimer(o.wait)
+	return t.C, func() { t.Stop() }
+}
+
+// start takes over the acquisition of o.requestID if there is one, or
+// joins the queue.
+func (m *Manager) start(ctx, parent context.Context, name string, o acquireOptions) (placed, error) {
 	if o.requestID != "" {
-		a, err := m.adoptRequest(ctx, parent, name, o)
-		if err != nil || a != nil {
-			if a != nil && a.rec.Acquired != 0 {
-				g, err := m.regrant(ctx, parent, a)
-				return nil, g, err
-			}
-			return a, nil, err
+		if p, err := m.retryRequest(ctx, parent, name, o); err != nil || p.found() {
+			return p, err
 		}
 	}
 	return m.join(ctx, parent, name, o)

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"context"
 	"time"
 )
 
@@ -16,7 +17,7 @@ type acquireOptions struct {
 	maxHold   time.Duration
 	lockDelay time.Duration
 	session   *sessionRef
-	// sessionHandle is resolved to session by Acquire.
+	// sessionHandle is resolved to session by resolveOptions.
 	sessionHandle string
 	identity      string // WithIdentity
 	caller        string // WithCaller
@@ -62,6 +63,23 @@ func WithLockDelay(d time.Duration) AcquireOption {
 	return func(o *acquireOptions) { o.lockDelay, o.given = d, o.given|givenLockDelay }
 }
 
+// resolveOptions is the options of one Acquire, resolved and checked once:
+// acquireOptions, then the session handle (if any) resolved to its session,
+// whose lease the lock will be held on, and the options checked against it.
+func (m *Manager) resolveOptions(ctx context.Context, name string, opts []AcquireOption) (acquireOptions, error) {
+	o, err := m.acquireOptions(name, opts)
+	if err != nil || o.sessionHandle == "" {
+		return o, err
+	}
+	if o.session, err = m.sessionOf(ctx, "session_handle", o.sessionHandle, o.caller); err != nil {
+		return o, err
+	}
+	return o, o.checkSession()
+}
+
+// acquireOptions applies opts over the manager's defaults and refuses bad
+// input (a *FieldError naming the field) before anything is read or
+// written.
 func (m *Manager) acquireOptions(name string, opts []AcquireOption) (acquireOptions, error) {
 	o := acquireOptions{ttl: m.defaultTTL, maxHold: m.maxHold}
 	for _, opt := range opts {
@@ -71,8 +89,6 @@ func (m *Manager) acquireOptions(name string, opts []AcquireOption) (acquireOpti
 		return o, err
 	}
 	switch {
-	case o.session != nil:
-		// The session's lease and TTL apply.
 	case o.ttl <= 0:
 		return o, fieldErr("ttl", "must be at least 1s, got %v", o.ttl)
 	case o.ttl > m.maxTTL:
@@ -92,11 +108,6 @@ func (m *Manager) acquireOptions(name string, opts []AcquireOption) (acquireOpti
 		return o, fieldErr("lock_delay", "must not be negative, got %v", o.lockDelay)
 	case o.lockDelay > m.maxDelay:
 		return o, fieldErr("lock_delay", "is %v; the server allows at most %v (--max-lock-delay)", o.lockDelay, m.maxDelay)
-	case o.lockDelay > 0 && o.session != nil:
-		return o, fieldErr("lock_delay", "is not supported for locks held through a session")
-	}
-	if o.requestID != "" && o.session != nil {
-		return o, fieldErr("request_id", "is not supported for locks held through a session: the session already makes a retry safe (a second Acquire of the same lock answers FAILED_PRECONDITION)")
 	}
 	if err := validateOwner(o.owner); err != nil {
 		return o, err
@@ -105,4 +116,16 @@ func (m *Manager) acquireOptions(name string, opts []AcquireOption) (acquireOpti
 		return o, err
 	}
 	return o, nil
+}
+
+// checkSession refuses what a lock held through a session cannot have. The
+// session's lease and TTL replace the acquisition's own.
+func (o acquireOptions) checkSession() error {
+	if o.lockDelay > 0 {
+		return fieldErr("lock_delay", "is not supported for locks held through a session")
+	}
+	if o.requestID != "" {
+		return fieldErr("request_id", "is not supported for locks held through a session: the session already makes a retry safe (a second Acquire of the same lock answers FAILED_PRECONDITION)")
+	}
+	return nil
 }

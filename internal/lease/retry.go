@@ -13,6 +13,21 @@ import (
 // (adoptRequest) or is handed its grant again (regrant). Not to be confused
 // with Resume (watch.go), which re-attaches a Hold stream to a grant.
 
+// retryRequest places a retry of o.requestID: handed the grant again if
+// its acquisition was granted (regrant), or waiting on its entry, now
+// adopted. Nothing found (placed{}, no error): the caller joins afresh.
+func (m *Manager) retryRequest(ctx, parent context.Context, name string, o acquireOptions) (placed, error) {
+	a, err := m.adoptRequest(ctx, parent, name, o)
+	switch {
+	case err != nil || a == nil:
+		return placed{}, err
+	case a.rec.Acquired != 0:
+		g, err := m.regrant(ctx, parent, a)
+		return placed{grant: g}, err
+	}
+	return placed{waiter: a}, nil
+}
+
 // lookupRequest finds the live acquisition of (caller, name, o.requestID), or
 // returns nil; ErrRequestIDReused if it was made with other parameters.
 func (m *Manager) lookupRequest(ctx, parent context.Context, name string, o acquireOptions) (*attempt, error) {
