@@ -123,7 +123,7 @@ func (m *Manager) start(ctx, parent context.Context, name string, o acquireOptio
 // queued waits for a queued attempt to head the queue, then claims it.
 func (m *Manager) queued(ctx, parent context.Context, a *attempt, o acquireOptions, timeout <-chan time.Time) (*Grant, error) {
 	if o.hasWait && o.wait == 0 {
-		holder := m.holderToken(ctx, a.queue)
+		holder := m.holderToken(ctx, a.name)
 		m.withdraw(a)
 		return nil, &NotGrantedError{Name: a.name, HolderToken: holder}
 	}

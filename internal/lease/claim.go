@@ -11,16 +11,11 @@ import (
 // The claim: a waiter that heads its queue marks its entry granted and
 // refreshes its lease for a full TTL.
 
-// tryClaim marks the attempt granted if, in etcd's view, it heads its
-// queue and no lock-delay is pending, in one transaction; the lease refresh
+// tryClaim marks the attempt granted if, in etcd's view, the queue admits
+// it (it heads its queue and no lock-delay is pending), in one transaction; the lease refresh
 // that a grant needs runs alongside, so a hand-off costs one round trip.
 func (m *Manager) tryClaim(ctx context.Context, a *attempt) (bool, error) {
-	held := a.rec
-	held.Acquired = m.now().UnixNano()
-	ops := []clientv3.Op{clientv3.OpPut(a.key, held.encode(), clientv3.WithIgnoreLease())}
-	if a.delay != 0 {
-		ops = append(ops, clientv3.OpPut(m.ks.delay(a.name), "", clientv3.WithLease(a.delay)))
-	}
+	held, ops := m.claimOps(a)
 	type renewal struct {
 		at  time.Time
 		ttl int64
@@ -32,11 +27,8 @@ func (m *Manager) tryClaim(ctx context.Context, a *attempt) (bool, error) {
 		ttl, err := m.renew(ctx, a.id, a.delay)
 		rc <- renewal{at, ttl, err}
 	}()
-	res := m.batch.do(ctx, "", []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(a.key), "=", a.token),
-		clientv3.Compare(clientv3.CreateRevision(a.queue), ">", a.token-1).WithPrefix(),
-		clientv3.Compare(clientv3.CreateRevision(m.ks.delay(a.name)), "=", 0),
-	}, ops, nil)
+	own := clientv3.Compare(clientv3.CreateRevision(a.key), "=", a.token)
+	res := m.batch.do(ctx, "", append([]clientv3.Cmp{own}, m.admission(a.name).admits(a.token)...), ops, nil)
 	r := <-rc
 	if res.err != nil || !res.ok {
 		return false, res.err
@@ -53,12 +45,7 @@ func (m *Manager) tryClaim(ctx context.Context, a *attempt) (bool, error) {
 // if asked) and refreshes its lease for a full TTL.
 func (m *Manager) claim(ctx, parent context.Context, a *attempt) (*Grant, error) {
 	if a.rec.Acquired == 0 {
-		held := a.rec
-		held.Acquired = m.now().UnixNano()
-		ops := []clientv3.Op{clientv3.OpPut(a.key, held.encode(), clientv3.WithIgnoreLease())}
-		if a.delay != 0 {
-			ops = append(ops, clientv3.OpPut(m.ks.delay(a.name), "", clientv3.WithLease(a.delay)))
-		}
+		held, ops := m.claimOps(a)
 		tr, err := m.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(a.key), "=", a.token)).
 			Then(ops...).
@@ -85,4 +72,16 @@ func (m *Manager) claim(ctx, parent context.Context, a *attempt) (*Grant, error)
 	}
 	m.grants.touch(a.key, refreshed)
 	return m.grantOf(a, refreshed, time.Duration(ttl)*time.Second), nil
+}
+
+// claimOps is what a claim writes: the entry's record, marked granted now
+// (held), and the lock-delay key if the entry asked for a lock delay.
+func (m *Manager) claimOps(a *attempt) (record, []clientv3.Op) {
+	held := a.rec
+	held.Acquired = m.now().UnixNano()
+	ops := []clientv3.Op{clientv3.OpPut(a.key, held.encode(), clientv3.WithIgnoreLease())}
+	if a.delay != 0 {
+		ops = append(ops, clientv3.OpPut(m.ks.delay(a.name), "", clientv3.WithLease(a.delay)))
+	}
+	return held, ops
 }

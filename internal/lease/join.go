@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 )
 
@@ -74,7 +73,7 @@ func (m *Manager) refuseIfFull(ctx, parent context.Context, a *attempt, o acquir
 	case err != nil:
 		return m.etcdErr(parent, "count limit slots", err)
 	case full != nil:
-		return m.refusal(a, o, sl, full, func() int64 { return m.holderToken(ctx, a.queue) })
+		return m.refusal(a, o, sl, full, func() int64 { return m.holderToken(ctx, a.name) })
 	}
 	return nil
 }
@@ -205,7 +204,9 @@ func (m *Manager) joinOutcome(ctx, parent context.Context, a *attempt, o acquire
 	}
 	granted, resps := ans.shape.inner(res)
 	if !granted {
-		a.pred = joinedBehind(resps, a.token)
+		if len(resps) >= 2 { // [put, get, the slot puts if any]
+			a.pred = m.admission(a.name).joinBlocker(resps[1].GetResponseRange(), a.token)
+		}
 		return placed{waiter: a}, nil
 	}
 	a.rec = ans.held
@@ -226,17 +227,4 @@ func (m *Manager) guardRefused(ctx, parent context.Context, a *attempt, o acquir
 		return placed{}, fmt.Errorf("%w: a concurrent retry's acquisition vanished; retry", ErrUnavailable)
 	}
 	return p, err
-}
-
-// joinedBehind is the immediate predecessor of the entry of create revision
-// token, from the queued branch's answer [put, get, the slot puts if any],
-// or "" if that answer does not tell.
-func joinedBehind(resps []*pb.ResponseOp, token int64) string {
-	if len(resps) < 2 {
-		return ""
-	}
-	if kvs := resps[1].GetResponseRange().GetKvs(); len(kvs) == 2 && kvs[0].CreateRevision == token {
-		return string(kvs[1].Key)
-	}
-	return ""
 }

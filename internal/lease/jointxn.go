@@ -36,7 +36,7 @@ func (m *Manager) commitJoin(ctx context.Context, a *attempt, o acquireOptions, 
 				m.full.saw(full.prefix, m.now())
 			}
 			m.discard(a)
-			return ans, m.refusal(a, o, sl, full, func() int64 { return m.holderToken(ctx, a.queue) })
+			return ans, m.refusal(a, o, sl, full, func() int64 { return m.holderToken(ctx, a.name) })
 		}
 	}
 }
@@ -79,38 +79,8 @@ func (s joinShape) inner(res txnRes) (bool, []*pb.ResponseOp) {
 // grant at once): through group commit, except a session's join (which
 // writes the session index), committed alone.
 func (m *Manager) joinTxn(ctx context.Context, a *attempt, o acquireOptions, sl slots, held record) (txnRes, joinShape) {
-	// If the queue is empty and no lock-delay is pending: hold at once.
-	// Otherwise: queue, and read the holder.
-	delayKey := m.ks.delay(a.name)
-	free := []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(a.queue), "=", 0).WithPrefix(),
-		clientv3.Compare(clientv3.CreateRevision(delayKey), "=", 0),
-	}
-	hold := []clientv3.Op{clientv3.OpPut(a.key, held.encode(), clientv3.WithLease(a.id))}
-	if a.delay != 0 {
-		hold = append(hold, clientv3.OpPut(delayKey, "", clientv3.WithLease(a.delay)))
-	}
-	queue := []clientv3.Op{
-		clientv3.OpPut(a.key, a.rec.encode(), clientv3.WithLease(a.id)),
-		// The newest two keys: ours (the put above is visible here) and
-		// our immediate predecessor, the first key the wait watches.
-		clientv3.OpGet(a.queue, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2),
-			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend)),
-	}
-	hold, queue = append(hold, sl.puts(a.id)...), append(queue, sl.puts(a.id)...)
-	var (
-		guard string // a key that must not exist: the request record, or a session's key in this queue
-		extra []clientv3.Op
-	)
-	switch {
-	case o.requestID != "":
-		guard = a.rec.Req
-		extra = []clientv3.Op{clientv3.OpPut(guard, a.reqRecord, clientv3.WithLease(a.id))}
-	case a.session:
-		// A session has one key per queue: refuse a second.
-		guard = a.key
-		extra = []clientv3.Op{clientv3.OpPut(m.ks.sessionIndex(a.id)+escape(a.name), "", clientv3.WithLease(a.id))}
-	}
+	free, hold, queue := m.joinBranches(a, sl, held)
+	guard, extra := m.joinGuard(a, o)
 	shape := joinShape{nested: guard != "" || sl.limited(), guarded: guard != ""}
 	conflicts := append([]string{a.name}, sl.conflicts()...)
 	if !shape.nested {
@@ -130,4 +100,33 @@ func (m *Manager) joinTxn(ctx context.Context, a *attempt, o acquireOptions, sl 
 		return txnRes{err: err}, shape
 	}
 	return txnRes{rev: resp.Header.Revision, ok: resp.Succeeded, resps: resp.Responses}, shape
+}
+
+// joinBranches is the flat join: if the queue admits a new entry
+// (admission.go), hold at once; otherwise queue, and read the entry's
+// predecessor. Both branches claim the limit slots.
+func (m *Manager) joinBranches(a *attempt, sl slots, held record) (free []clientv3.Cmp, hold, queue []clientv3.Op) {
+	q := m.admission(a.name)
+	hold = []clientv3.Op{clientv3.OpPut(a.key, held.encode(), clientv3.WithLease(a.id))}
+	if a.delay != 0 {
+		hold = append(hold, clientv3.OpPut(q.delay, "", clientv3.WithLease(a.delay)))
+	}
+	// The read after the put sees it: it returns our key and the one
+	// before it.
+	queue = []clientv3.Op{clientv3.OpPut(a.key, a.rec.encode(), clientv3.WithLease(a.id)), q.joinRead()}
+	return q.admits(0), append(hold, sl.puts(a.id)...), append(queue, sl.puts(a.id)...)
+}
+
+// joinGuard is the key that must not exist for the join to be written (""
+// for none), and what the join writes besides when it is: a request-id
+// join writes the request record; a session has one key per queue and
+// records it in the session's index.
+func (m *Manager) joinGuard(a *attempt, o acquireOptions) (guard string, extra []clientv3.Op) {
+	switch {
+	case o.requestID != "":
+		return a.rec.Req, []clientv3.Op{clientv3.OpPut(a.rec.Req, a.reqRecord, clientv3.WithLease(a.id))}
+	case a.session:
+		return a.key, []clientv3.Op{clientv3.OpPut(m.ks.sessionIndex(a.id)+escape(a.name), "", clientv3.WithLease(a.id))}
+	}
+	return "", nil
 }

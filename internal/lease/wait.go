@@ -14,128 +14,137 @@ import (
 // The wait: a queued entry watches only the key it waits for, keeps its
 // lease alive, and notices at once if its own entry disappears.
 
-func (m *Manager) holderToken(ctx context.Context, queue string) int64 {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	if r, err := m.cli.Get(rctx, queue, clientv3.WithFirstCreate()...); err == nil && len(r.Kvs) > 0 {
-		return r.Kvs[0].CreateRevision
-	}
-	return 0
-}
-
 var (
 	errTimeout = errors.New("wait elapsed")
 	errLost    = errors.New("waiter lease lost")
 )
 
-// wait blocks until the attempt heads its queue and no other grant's
-// lock-delay is pending. It keeps the waiter's lease alive meanwhile (the
-// caller is actively waiting), and fails at once with ErrLostWhileWaiting if
-// the waiter's own key disappears.
+// wait blocks until the queue admits the attempt (admission.go): it heads
+// its queue and no other grant's lock-delay is pending. It keeps the
+// waiter's lease alive meanwhile (the caller is actively waiting), and
+// fails at once with ErrLostWhileWaiting if the waiter's own key
+// disappears.
 func (m *Manager) wait(ctx, parent context.Context, a *attempt, timeout <-chan time.Time) error {
-	ctx, cancel := context.WithCancel(ctx)
-	var (
-		wg       sync.WaitGroup
-		lost     = make(chan struct{})
-		lostOnce sync.Once
-	)
-	markLost := func() { lostOnce.Do(func() { close(lost) }) }
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		m.keepWaiterAlive(ctx, a, markLost)
-	}()
-	ownCreated := make(chan error, 1)
-	go func() {
-		defer wg.Done()
-		m.watchOwn(ctx, a, markLost, ownCreated)
-	}()
-	defer func() { cancel(); wg.Wait() }()
-	// own is the state of the watch of our own key: its creation is awaited
-	// (and our key checked once after it) together with the first target's.
-	own := &ownWatch{created: ownCreated}
-
-	ended := func() error {
-		select {
-		case <-lost:
-			return ErrLostWhileWaiting
-		default:
-		}
-		return m.etcdErr(parent, "wait", ctx.Err())
-	}
-	delayKey := m.ks.delay(a.name)
+	w, stop := m.startWaiter(ctx, parent, a)
+	defer stop()
+	q := m.admission(a.name)
 	for first := true; ; first = false {
 		if !first {
 			// Something we waited for is gone: most often we now head the
 			// queue, so try to claim the lock in one round trip.
-			claimed, err := m.tryClaim(ctx, a)
+			claimed, err := m.tryClaim(w.ctx, a)
 			if err != nil {
-				if ctx.Err() != nil {
-					return ended()
-				}
-				return m.etcdErr(parent, "claim", err)
+				return w.fail("claim", err)
 			}
 			if claimed {
 				return nil
 			}
 		}
-		// The immediate predecessor: the newest key older than ours (known
-		// from the join at first).
-		target := ""
-		if first && a.pred != "" {
-			target = a.pred
-		} else if r, err := m.cli.Get(ctx, a.queue, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(a.token-1), clientv3.WithKeysOnly())...); err != nil {
-			if ctx.Err() != nil {
-				return ended()
-			}
-			return m.etcdErr(parent, "find predecessor", err)
-		} else if len(r.Kvs) > 0 {
-			target = string(r.Kvs[0].Key)
+		// What stands between us and admission (our immediate predecessor
+		// is known from the join at first).
+		target, op, err := a.pred, "", error(nil)
+		if !first || target == "" {
+			target, op, err = q.blocker(w.ctx, m.cli, a.token)
+		}
+		if err != nil {
+			return w.fail(op, err)
 		}
 		if target == "" {
-			// Head of the queue: wait out another grant's lock-delay.
-			d, err := m.cli.Get(ctx, delayKey, clientv3.WithKeysOnly())
-			if err != nil {
-				if ctx.Err() != nil {
-					return ended()
-				}
-				return m.etcdErr(parent, "read lock-delay", err)
-			}
-			if len(d.Kvs) == 0 || d.Kvs[0].CreateRevision == a.token {
-				if err := own.ready(ctx, m, a, markLost); err != nil {
-					if ctx.Err() != nil {
-						return ended()
-					}
-					return m.etcdErr(parent, "watch own entry", err)
-				}
-				select {
-				case <-lost:
-					return ErrLostWhileWaiting
-				default:
-				}
-				return nil
-			}
-			target = delayKey
+			return w.admitted()
 		}
-		// Watch from "now" (a synced watcher, woken at once), wait until the
-		// watch exists, then re-check: a delete after this Get is seen.
-		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		wch := m.cli.Watch(wctx, target, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
-		err := m.awaitDelete(ctx, a, target, wch, timeout, lost, own, markLost)
-		wcancel()
-		switch {
-		case errors.Is(err, errTimeout):
-			return &NotGrantedError{Name: a.name, HolderToken: m.holderToken(ctx, a.queue)}
-		case errors.Is(err, errLost):
-			return ended()
-		case err != nil:
-			if ctx.Err() != nil {
-				return ended()
-			}
-			return m.etcdErr(parent, "watch predecessor", err)
+		if err := w.watchGone(target, timeout); err != nil {
+			return err
 		}
 		// The target is gone: find the next one, or hold the lock.
 	}
+}
+
+// waiter is one wait in progress: its context (which ends the watchers and
+// the keepalive), the lost signal they raise, and the watch of its own key.
+type waiter struct {
+	m           *Manager
+	a           *attempt
+	ctx, parent context.Context
+	lost        chan struct{}
+	lostOnce    sync.Once
+	// own is the state of the watch of our own key: its creation is
+	// awaited (and our key checked once after it) together with the first
+	// target's.
+	own *ownWatch
+}
+
+// startWaiter starts the waiter's keepalive and the watch of its own key;
+// stop ends them and waits for them.
+func (m *Manager) startWaiter(ctx, parent context.Context, a *attempt) (w *waiter, stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	ownCreated := make(chan error, 1)
+	w = &waiter{m: m, a: a, ctx: ctx, parent: parent, lost: make(chan struct{}), own: &ownWatch{created: ownCreated}}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		m.keepWaiterAlive(ctx, a, w.markLost)
+	}()
+	go func() {
+		defer wg.Done()
+		m.watchOwn(ctx, a, w.markLost, ownCreated)
+	}()
+	return w, func() { cancel(); wg.Wait() }
+}
+
+func (w *waiter) markLost() { w.lostOnce.Do(func() { close(w.lost) }) }
+
+// ended is why the wait ended with its context: the waiter's own entry was
+// lost, or the caller's context ended.
+func (w *waiter) ended() error {
+	select {
+	case <-w.lost:
+		return ErrLostWhileWaiting
+	default:
+	}
+	return w.m.etcdErr(w.parent, "wait", w.ctx.Err())
+}
+
+// fail answers a failed step op of the wait.
+func (w *waiter) fail(op string, err error) error {
+	if w.ctx.Err() != nil {
+		return w.ended()
+	}
+	return w.m.etcdErr(w.parent, op, err)
+}
+
+// admitted ends a wait that nothing blocks any more, once the waiter's own
+// entry is known to exist.
+func (w *waiter) admitted() error {
+	if err := w.own.ready(w.ctx, w.m, w.a, w.markLost); err != nil {
+		return w.fail("watch own entry", err)
+	}
+	select {
+	case <-w.lost:
+		return ErrLostWhileWaiting
+	default:
+	}
+	return nil
+}
+
+// watchGone returns nil once target is deleted (or its watch broke: the
+// caller looks again); a *NotGrantedError when the wait elapses first.
+// Watch from "now" (a synced watcher, woken at once), wait until the watch
+// exists, then re-check: a delete after the caller's read is seen.
+func (w *waiter) watchGone(target string, timeout <-chan time.Time) error {
+	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(w.ctx))
+	wch := w.m.cli.Watch(wctx, target, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
+	err := w.awaitDelete(target, wch, timeout)
+	wcancel()
+	switch {
+	case errors.Is(err, errTimeout):
+		return &NotGrantedError{Name: w.a.name, HolderToken: w.m.holderToken(w.ctx, w.a.name)}
+	case errors.Is(err, errLost):
+		return w.ended()
+	case err != nil:
+		return w.fail("watch predecessor", err)
+	}
+	return nil
 }
 
 // watchOwn closes lost (via markLost) as soon as the attempt's own queue
@@ -216,13 +225,13 @@ func (o *ownWatch) await(ctx context.Context) error {
 // caller answers by looking again). Once key's watch exists, it checks that
 // key still exists, and, the first time, that the waiter's own key does
 // (own): both in one read.
-func (m *Manager) awaitDelete(ctx context.Context, a *attempt, key string, wch clientv3.WatchChan, timeout <-chan time.Time, lost <-chan struct{}, own *ownWatch, markLost func()) error {
+func (w *waiter) awaitDelete(key string, wch clientv3.WatchChan, timeout <-chan time.Time) error {
 	created := false
 	for {
 		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-lost:
+		case <-w.ctx.Done():
+			return w.ctx.Err()
+		case <-w.lost:
 			return errLost
 		case <-timeout:
 			return errTimeout
@@ -232,32 +241,8 @@ func (m *Manager) awaitDelete(ctx context.Context, a *attempt, key string, wch c
 			}
 			if wr.Created && !created {
 				created = true
-				if !own.checked {
-					if err := own.await(ctx); err != nil {
-						return err
-					}
-					r, err := m.cli.Txn(ctx).Then(
-						clientv3.OpGet(key, clientv3.WithCountOnly()),
-						clientv3.OpGet(a.key, clientv3.WithCountOnly())).Commit()
-					if err != nil {
-						return err
-					}
-					own.checked = true
-					if r.Responses[1].GetResponseRange().GetCount() == 0 {
-						markLost()
-						return errLost
-					}
-					if r.Responses[0].GetResponseRange().GetCount() == 0 {
-						return nil
-					}
-					continue
-				}
-				r, err := m.cli.Get(ctx, key, clientv3.WithCountOnly())
-				if err != nil {
+				if gone, err := w.stillThere(key); gone || err != nil {
 					return err
-				}
-				if r.Count == 0 {
-					return nil
 				}
 			}
 			for _, ev := range wr.Events {
@@ -267,6 +252,35 @@ func (m *Manager) awaitDelete(ctx context.Context, a *attempt, key string, wch c
 			}
 		}
 	}
+}
+
+// stillThere checks, once key's watch exists, whether key is gone already;
+// the first time, together with the waiter's own key (errLost if that one
+// is gone).
+func (w *waiter) stillThere(key string) (gone bool, err error) {
+	ctx := w.ctx
+	if w.own.checked {
+		r, err := w.m.cli.Get(ctx, key, clientv3.WithCountOnly())
+		if err != nil {
+			return false, err
+		}
+		return r.Count == 0, nil
+	}
+	if err := w.own.await(ctx); err != nil {
+		return false, err
+	}
+	r, err := w.m.cli.Txn(ctx).Then(
+		clientv3.OpGet(key, clientv3.WithCountOnly()),
+		clientv3.OpGet(w.a.key, clientv3.WithCountOnly())).Commit()
+	if err != nil {
+		return false, err
+	}
+	w.own.checked = true
+	if r.Responses[1].GetResponseRange().GetCount() == 0 {
+		w.markLost()
+		return true, errLost
+	}
+	return r.Responses[0].GetResponseRange().GetCount() == 0, nil
 }
 
 // keepWaiterAlive renews a waiter's leases every third of the TTL until ctx
