@@ -120,7 +120,8 @@ func (m *Manager) start(ctx, parent context.Context, name string, o acquireOptio
 	return m.join(ctx, parent, name, o)
 }
 
-// queued waits for a queued attempt to head the queue, then claims it.
+// queued waits until the queue admits a queued attempt, then claims the
+// lock for it; whatever fails withdraws the attempt's entry.
 func (m *Manager) queued(ctx, parent context.Context, a *attempt, o acquireOptions, timeout <-chan time.Time) (*Grant, error) {
 	if o.hasWait && o.wait == 0 {
 		holder := m.holderToken(ctx, a.name)
@@ -138,6 +139,7 @@ func (m *Manager) queued(ctx, parent context.Context, a *attempt, o acquireOptio
 	return g, err
 }
 
+// grantOf is the grant of a, its lease refreshed at refreshed for ttl.
 func (m *Manager) grantOf(a *attempt, refreshed time.Time, ttl time.Duration) *Grant {
 	exp := refreshed.Add(ttl)
 	return &Grant{Name: a.name, Token: a.token, Handle: a.handle, LeaseID: int64(a.id), TTL: ttl,
