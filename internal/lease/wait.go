@@ -42,12 +42,13 @@ func (m *Manager) wait(ctx, parent context.Context, a *attempt, timeout <-chan t
 		}
 		// What stands between us and admission (our immediate predecessor
 		// is known from the join at first).
-		target, op, err := a.pred, "", error(nil)
+		target := a.pred
 		if !first || target == "" {
-			target, op, err = q.blocker(w.ctx, m.cli, a.token)
-		}
-		if err != nil {
-			return w.fail(op, err)
+			key, op, err := q.blocker(w.ctx, m.cli, a.token)
+			if err != nil {
+				return w.fail(op, err)
+			}
+			target = key
 		}
 		if target == "" {
 			return w.admitted()
