@@ -5,6 +5,6 @@
 // Each acquisition gets its own etcd lease and one queue key,
 // <prefix>locks/<escaped name>/<lease id>, attached to that lease. The key
 // with the lowest create revision holds the lock; every other contender
-// watches only its immediate predecessor. A granted lease is renewed only by
+// watches only its immediate predecessor (the rule: admission.go). A granted lease is renewed only by
 // KeepAlive: nothing in this package renews it on its own.
 package lease

@@ -245,7 +245,8 @@ func TestWaiterKeyGoneBeforeTheWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	join := func() *attempt {
-		a, g, err := m.join(ctx, ctx, "gap", o)
+		p, err := m.join(ctx, ctx, "gap", o)
+		a, g := p.waiter, p.grant
 		if err != nil || g != nil || a == nil {
 			t.Fatalf("join: %v %v %v; want a queued attempt", a, g, err)
 		}
@@ -261,7 +262,8 @@ func TestWaiterKeyGoneBeforeTheWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ai, g, err := m.join(ctx, ctx, "gap", oi)
+	p, err := m.join(ctx, ctx, "gap", oi)
+	ai, g := p.waiter, p.grant
 	if err != nil || g != nil || ai == nil {
 		t.Fatalf("join with an identity: %v %v %v", ai, g, err)
 	}

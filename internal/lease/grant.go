@@ -147,7 +147,8 @@ func (m *Manager) ForceRelease(ctx context.Context, name string, token int64) (b
 	if err := ValidateToken(token); err != nil {
 		return false, err
 	}
-	r, err := m.cli.Get(ctx, m.ks.Queue(name), clientv3.WithFirstCreate()...)
+	key, opts := m.admission(name).holderRead()
+	r, err := m.cli.Get(ctx, key, opts...)
 	if err != nil {
 		return false, m.etcdErr(ctx, "read holder", err)
 	}

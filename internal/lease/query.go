@@ -41,7 +41,8 @@ func (m *Manager) Describe(ctx context.Context, name string) (*Description, erro
 	if err := ValidateName("name", name, false); err != nil {
 		return nil, err
 	}
-	r, err := m.cli.Get(ctx, m.ks.Queue(name), clientv3.WithPrefix(),
+	q := m.admission(name)
+	r, err := m.cli.Get(ctx, q.queue, clientv3.WithPrefix(),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 	if err != nil {
 		return nil, m.etcdErr(ctx, "describe", err)
@@ -49,7 +50,7 @@ func (m *Manager) Describe(ctx context.Context, name string) (*Description, erro
 	d := &Description{}
 	for i, kv := range r.Kvs {
 		rec := decodeRecord(kv.Value)
-		if i > 0 {
+		if !q.admittedAt(i) {
 			d.Waiters = append(d.Waiters, Waiter{Owner: rec.Owner, WaitingSince: unixTime(rec.Since)})
 			continue
 		}

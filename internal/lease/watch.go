@@ -113,19 +113,9 @@ func (m *Manager) Watch(ctx context.Context, name string, startRev int64, emit f
 		return fieldErr("start_revision", "must not be negative, got %d", startRev)
 	}
 	queue := m.ks.Queue(name)
-	opts := []clientv3.OpOption{clientv3.WithPrefix()}
-	if startRev > 0 {
-		opts = append(opts, clientv3.WithRev(startRev-1))
-	}
-	r, err := m.cli.Get(ctx, queue, opts...)
+	r, err := m.readQueue(ctx, queue, startRev)
 	if err != nil {
-		if errors.Is(err, rpctypes.ErrCompacted) || errors.Is(err, rpctypes.ErrFutureRev) {
-			if errors.Is(err, rpctypes.ErrFutureRev) {
-				return fieldErr("start_revision", "is beyond etcd's current revision")
-			}
-			return ErrCompacted
-		}
-		return m.etcdErr(ctx, "read queue", err)
+		return err
 	}
 	state := map[string]*mvccpb.KeyValue{}
 	for _, kv := range r.Kvs {
@@ -138,6 +128,32 @@ func (m *Manager) Watch(ctx context.Context, name string, startRev int64, emit f
 			return err
 		}
 	}
+	return m.follow(ctx, name, queue, from, state, emit)
+}
+
+// readQueue reads the queue as it was just before startRev (startRev 0:
+// as it is now).
+func (m *Manager) readQueue(ctx context.Context, queue string, startRev int64) (*clientv3.GetResponse, error) {
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if startRev > 0 {
+		opts = append(opts, clientv3.WithRev(startRev-1))
+	}
+	r, err := m.cli.Get(ctx, queue, opts...)
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrCompacted) || errors.Is(err, rpctypes.ErrFutureRev) {
+			if errors.Is(err, rpctypes.ErrFutureRev) {
+				return nil, fieldErr("start_revision", "is beyond etcd's current revision")
+			}
+			return nil, ErrCompacted
+		}
+		return nil, m.etcdErr(ctx, "read queue", err)
+	}
+	return r, nil
+}
+
+// follow emits every change of holder from revision from on, applying the
+// queue's events to state one revision at a time.
+func (m *Manager) follow(ctx context.Context, name, queue string, from int64, state map[string]*mvccpb.KeyValue, emit func(Event) error) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	wch := m.cli.Watch(wctx, queue, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithPrevKV())
@@ -207,6 +223,7 @@ func (m *Manager) apply(ctx context.Context, name string, state map[string]*mvcc
 	return nil
 }
 
+// head is the holder's entry in state: the oldest (admission.go).
 func head(state map[string]*mvccpb.KeyValue) *mvccpb.KeyValue {
 	var h *mvccpb.KeyValue
 	for _, kv := range state {

@@ -3,7 +3,6 @@ package lease
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -17,13 +16,13 @@ import (
 // queued it alone: its handle is a fresh secret. A session's entry belongs
 // to the session, and a second Acquire of the same lock in it is refused.
 // But an entry with a request id is known to every retry with that id, on
-// any replica: the retry resumes it (resumeAdopted) and waits for it, or is
+// any replica: the retry takes it over (adoptRequest) and waits for it, or is
 // handed its grant (regrant). The call that queued it may meanwhile have
-// been paused (GC, SIGSTOP) past its caller's deadline; when it resumes,
+// been paused (GC, SIGSTOP) past its caller's deadline; when it wakes,
 // its clean-up must not end what the retry now relies on.
 //
 // So a request-id entry is ended only by a compare on what the withdrawing
-// call knows: the entry's mod revision. A retry that resumes a waiting entry
+// call knows: the entry's mod revision. A retry that finds a waiting entry
 // adopts it by rewriting it (adopt), and a claim rewrites it too, so either
 // makes that compare fail and the clean-up leave the entry alone. A granted
 // request-id entry is never withdrawn: a retry is handed a grant without a
@@ -145,45 +144,4 @@ func (m *Manager) withdrawSession(ctx context.Context, a *attempt) error {
 	_, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(a.key), "=", token)).
 		Then(append([]clientv3.Op{clientv3.OpDelete(a.key)}, m.slotsDelete(a.name, rec)...)...).Commit()
 	return err
-}
-
-// adopt takes over a waiting entry that resume found: it rewrites the
-// entry unchanged, so that its mod revision moves and the call that queued
-// it (paused, say, past its caller's deadline) no longer recognises it when
-// it cleans up. It reports false if the entry changed since resume read it.
-func (m *Manager) adopt(ctx, parent context.Context, a *attempt) (bool, error) {
-	tr, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(a.key), "=", a.modRev)).
-		Then(clientv3.OpPut(a.key, a.rec.encode(), clientv3.WithIgnoreLease())).Commit()
-	if err != nil {
-		return false, m.etcdErr(parent, "adopt queue entry", err)
-	}
-	if !tr.Succeeded {
-		return false, nil
-	}
-	a.modRev = tr.Header.Revision
-	return true, nil
-}
-
-// maxAdoptRounds bounds how often resumeAdopted reads an entry again that
-// changed under it.
-const maxAdoptRounds = 3
-
-// resumeAdopted is resume, with a waiting entry adopted (a granted one is
-// returned as it is, for regrant).
-func (m *Manager) resumeAdopted(ctx, parent context.Context, name string, o acquireOptions) (*attempt, error) {
-	for range maxAdoptRounds {
-		a, err := m.resume(ctx, parent, name, o)
-		if err != nil || a == nil || a.rec.Acquired != 0 {
-			return a, err
-		}
-		ok, err := m.adopt(ctx, parent, a)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
-			return a, nil
-		}
-		// Granted, adopted by another retry, or ended since it was read.
-	}
-	return nil, fmt.Errorf("%w: the queue entry of this request id kept changing while it was resumed; retry", ErrUnavailable)
 }

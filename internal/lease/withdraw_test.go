@@ -85,7 +85,8 @@ func TestCleanupNeverEndsAnEntryAnotherReplicaResumed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		att, g, err := a.start(ctx, ctx, lock, o)
+		p, err := a.start(ctx, ctx, lock, o)
+		att, g := p.waiter, p.grant
 		if err != nil || g != nil || att == nil {
 			t.Fatalf("joining behind a holder: %v %v %v", att, g, err)
 		}
@@ -187,10 +188,10 @@ func TestCleanupNeverEndsAnEntryAnotherReplicaResumed(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, g, err := a.start(ctx, ctx, lock, o); err != nil || g == nil {
-			t.Fatalf("first call: %v %v", g, err)
+		if p, err := a.start(ctx, ctx, lock, o); err != nil || p.grant == nil {
+			t.Fatalf("first call: %v %v", p.grant, err)
 		}
-		att, err := a.resume(ctx, ctx, lock, o)
+		att, err := a.lookupRequest(ctx, ctx, lock, o)
 		if err != nil || att == nil {
 			t.Fatalf("A's view of its entry: %v %v", att, err)
 		}

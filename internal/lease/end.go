@@ -12,55 +12,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// leasePool keeps the leases of cleanly released grants, keyless, for the
-// next Acquire with the same TTL: reusing one costs a KeepAlive (served by
-// the etcd leader from memory) instead of a LeaseGrant (a raft proposal). A
-// pooled lease has no keys, so its expiry in the pool harms nothing; a
-// reused lease gets a new handle secret, so stale handles stay useless.
-type leasePool struct {
-	mu   sync.Mutex
-	free map[int64][]pooledLease // by granted TTL in seconds
-}
-
-type pooledLease struct {
-	id        clientv3.LeaseID
-	at        time.Time // when it was pooled
-	refreshed time.Time // when a refresh of it was last sent (zero: unknown)
-}
-
-const maxPooledPerTTL = 256
-
-func (p *leasePool) put(ttl int64, id clientv3.LeaseID, now, refreshed time.Time) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.free == nil {
-		p.free = map[int64][]pooledLease{}
-	}
-	if len(p.free[ttl]) < maxPooledPerTTL {
-		p.free[ttl] = append(p.free[ttl], pooledLease{id, now, refreshed})
-	}
-}
-
-// get returns a pooled lease of ttl seconds that was pooled recently enough
-// to surely still live (less than half its TTL ago).
-func (p *leasePool) get(ttl int64, now time.Time) (pooledLease, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for l := p.free[ttl]; len(l) > 0; l = p.free[ttl] {
-		e := l[len(l)-1]
-		p.free[ttl] = l[:len(l)-1]
-		if now.Sub(e.at) < time.Duration(ttl)*time.Second/2 {
-			return e, true
-		}
-	}
-	return pooledLease{}, false
-}
-
-// freshFor is how recently a pooled lease must have been refreshed to be
-// reused without a refresh: a tenth of its TTL, at most a second. Its grant
-// then expires at that refresh plus the TTL, a little less than a full TTL
-// from now (the answer's expires_at says so).
-func freshFor(ttl int64) time.Duration { return min(time.Duration(ttl)*time.Second/10, time.Second) }
+// Ending a grant: the end transaction, the marker that records how a grant
+// ended (released, forced or, without a marker, expired), and the
+// background revoke of a lease nobody needs any more.
 
 // markerLease carries the "how did it end" marker keys: short-lived, since
 // readers look them up at the revision of the end (MVCC history).
@@ -172,51 +126,4 @@ func (m *Manager) revokeLater(id clientv3.LeaseID) {
 			m.log.Debug("background revoke failed; the lease ends with its TTL", "lease", formatLease(id), "err", err)
 		}
 	})
-}
-
-// goOwned runs f in a goroutine that Close waits for, or reports false
-// once Close has begun (f must end when m.stop does).
-func (m *Manager) goOwned(f func()) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closing {
-		return false
-	}
-	m.bg.Add(1)
-	go func() {
-		defer m.bg.Done()
-		f()
-	}()
-	return true
-}
-
-// keepAliveOnce renews a lease once over the shared keepalive streams
-// (after Close: over a stream of its own).
-func (m *Manager) keepAliveOnce(ctx context.Context, id clientv3.LeaseID) (int64, error) {
-	ttl, err := m.ka.once(ctx, id)
-	if errors.Is(err, errStreamClosed) {
-		ka, err := m.cli.KeepAliveOnce(ctx, id)
-		if err != nil {
-			return 0, err
-		}
-		return ka.TTL, nil
-	}
-	return ttl, err
-}
-
-// spawn runs f in a goroutine that Close waits for; once Close has begun,
-// it runs f inline instead.
-func (m *Manager) spawn(f func()) {
-	m.mu.Lock()
-	if m.closing {
-		m.mu.Unlock()
-		f()
-		return
-	}
-	m.bg.Add(1)
-	m.mu.Unlock()
-	go func() {
-		defer m.bg.Done()
-		f()
-	}()
 }

@@ -1,0 +1,131 @@
+package lease
+
+import (
+	"context"
+	"time"
+)
+
+// Acquire's options: what a caller may ask of one acquisition, and the
+// checks that refuse bad input before anything is read or written.
+
+type acquireOptions struct {
+	ttl       time.Duration
+	wait      time.Duration
+	hasWait   bool
+	owner     string
+	requestID string
+	maxHold   time.Duration
+	lockDelay time.Duration
+	session   *sessionRef
+	// sessionHandle is resolved to session by resolveOptions.
+	sessionHandle string
+	identity      string // WithIdentity
+	caller        string // WithCaller
+	given         given  // which grant parameters the caller set (for the request digest)
+}
+
+// AcquireOption configures one Acquire.
+type AcquireOption func(*acquireOptions)
+
+// WithTTL asks for a lease TTL; it is rounded up to a whole second.
+func WithTTL(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.ttl, o.given = d, o.given|givenTTL }
+}
+
+// WithWait bounds the wait in the queue; 0 means try once. Without it,
+// Acquire waits until ctx ends.
+func WithWait(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.wait, o.hasWait = d, true }
+}
+
+// WithOwner describes the caller for Describe and List.
+func WithOwner(s string) AcquireOption { return func(o *acquireOptions) { o.owner = s } }
+
+// WithRequestID makes Acquire idempotent: a retry by the same caller
+// (WithCaller) with the same id, name and parameters returns the same grant
+// (same token and handle) while it lives, or takes the same queue position
+// while it waits; with other parameters it fails with ErrRequestIDReused,
+// writing nothing. Another caller's id is another key (request.go). The id
+// must be unguessable: with the caller's identity, it takes over the
+// acquisition.
+func WithRequestID(id string) AcquireOption { return func(o *acquireOptions) { o.requestID = id } }
+
+// WithMaxHold bounds renewals: KeepAlive past AcquiredAt+d fails with
+// ErrMaxHold. Without it the manager's cap applies.
+func WithMaxHold(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.maxHold, o.given = d, o.given|givenMaxHold }
+}
+
+// WithLockDelay asks that, if this grant ends involuntarily (expiry or
+// force-release), the next grant of the lock waits d. A clean release never
+// delays.
+func WithLockDelay(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.lockDelay, o.given = d, o.given|givenLockDelay }
+}
+
+// resolveOptions is the options of one Acquire, resolved and checked once:
+// acquireOptions, then the session handle (if any) resolved to its session,
+// whose lease the lock will be held on, and the options checked against it.
+func (m *Manager) resolveOptions(ctx context.Context, name string, opts []AcquireOption) (acquireOptions, error) {
+	o, err := m.acquireOptions(name, opts)
+	if err != nil || o.sessionHandle == "" {
+		return o, err
+	}
+	if o.session, err = m.sessionOf(ctx, "session_handle", o.sessionHandle, o.caller); err != nil {
+		return o, err
+	}
+	return o, o.checkSession()
+}
+
+// acquireOptions applies opts over the manager's defaults and refuses bad
+// input (a *FieldError naming the field) before anything is read or
+// written.
+func (m *Manager) acquireOptions(name string, opts []AcquireOption) (acquireOptions, error) {
+	o := acquireOptions{ttl: m.defaultTTL, maxHold: m.maxHold}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := ValidateName("name", name, false); err != nil {
+		return o, err
+	}
+	switch {
+	case o.ttl <= 0:
+		return o, fieldErr("ttl", "must be at least 1s, got %v", o.ttl)
+	case o.ttl > m.maxTTL:
+		return o, fieldErr("ttl", "is %v; the server allows at most %v (--max-ttl)", o.ttl, m.maxTTL)
+	}
+	if o.hasWait && o.wait < 0 {
+		return o, fieldErr("wait", "must not be negative, got %v; use 0 to try once or leave it unset to wait until your deadline", o.wait)
+	}
+	switch {
+	case o.maxHold <= 0:
+		return o, fieldErr("max_hold", "must be positive, got %v; leave it unset for the server's cap %v", o.maxHold, m.maxHold)
+	case o.maxHold > m.maxHold:
+		return o, fieldErr("max_hold", "is %v; the server allows at most %v (--max-hold)", o.maxHold, m.maxHold)
+	}
+	switch {
+	case o.lockDelay < 0:
+		return o, fieldErr("lock_delay", "must not be negative, got %v", o.lockDelay)
+	case o.lockDelay > m.maxDelay:
+		return o, fieldErr("lock_delay", "is %v; the server allows at most %v (--max-lock-delay)", o.lockDelay, m.maxDelay)
+	}
+	if err := validateOwner(o.owner); err != nil {
+		return o, err
+	}
+	if err := validateRequestID(o.requestID); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// checkSession refuses what a lock held through a session cannot have. The
+// session's lease and TTL replace the acquisition's own.
+func (o acquireOptions) checkSession() error {
+	if o.lockDelay > 0 {
+		return fieldErr("lock_delay", "is not supported for locks held through a session")
+	}
+	if o.requestID != "" {
+		return fieldErr("request_id", "is not supported for locks held through a session: the session already makes a retry safe (a second Acquire of the same lock answers FAILED_PRECONDITION)")
+	}
+	return nil
+}
