@@ -138,7 +138,9 @@ func TestCrashCleansNothingUp(t *testing.T) {
 	if _, err := lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "c", Ttl: durationpb.New(time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
-	go func() { _, _ = lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "c", Ttl: durationpb.New(time.Minute)}) }()
+	go func() {
+		_, _ = lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "c", Ttl: durationpb.New(time.Minute)})
+	}()
 	// A second client of the same etcd, to look after the crash.
 	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Etcd().Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
