@@ -88,9 +88,10 @@ func TestDrainEndsWaitersBeforeStoppingGRPC(t *testing.T) {
 	if _, err := lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "d", Ttl: durationpb.New(time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
+	ctx := ctxT(t)
 	waited := make(chan error, 1)
 	go func() {
-		_, err := lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "d"})
+		_, err := lc.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "d"})
 		waited <- err
 	}()
 	queue := c.Leases().Keyspace().Queue("d")
@@ -138,8 +139,11 @@ func TestCrashCleansNothingUp(t *testing.T) {
 	if _, err := lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "c", Ttl: durationpb.New(time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
+	ctx := ctxT(t)
+	waited := make(chan error, 1)
 	go func() {
-		_, _ = lc.Acquire(ctxT(t), &coordinatorv1.AcquireRequest{Name: "c", Ttl: durationpb.New(time.Minute)})
+		_, err := lc.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "c", Ttl: durationpb.New(time.Minute)})
+		waited <- err
 	}()
 	// A second client of the same etcd, to look after the crash.
 	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Etcd().Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
@@ -161,6 +165,9 @@ func TestCrashCleansNothingUp(t *testing.T) {
 		}
 	}
 	c.Crash()
+	if err := <-waited; err == nil {
+		t.Fatal("the waiter was granted across a crash")
+	}
 	if n := keys(); n != 2 {
 		t.Fatalf("%d queue keys after Crash, want both (nothing cleaned up)", n)
 	}
