@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
-	"github.com/coordinatord/coordinatord/internal/fence"
+	"github.com/coordinatord/coordinatord/internal/coordinator"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
 )
@@ -27,8 +27,9 @@ var ServerLog *slog.Logger
 // KeyPrefix is the etcd key prefix of every replica.
 const KeyPrefix = "/chaos/"
 
-// Replica is one coordinator (lease manager, validator, gRPC server on
-// loopback) whose etcd client reaches each member through its own Proxy.
+// Replica is one coordinator (internal/coordinator: lease manager,
+// validator with its holder view, gRPC server on loopback) whose etcd client
+// reaches each member through its own Proxy.
 type Replica struct {
 	ID      int
 	proxies []*Proxy
@@ -36,14 +37,10 @@ type Replica struct {
 
 	mu      sync.Mutex
 	addr    string
-	cli     *clientv3.Client
-	mgr     *lease.Manager
-	gs      *grpc.Server
+	coord   *coordinator.Coordinator
 	conn    *grpc.ClientConn
 	lc      coordinatorv1.LockServiceClient
 	running bool
-	// stopFollow stops the validator's holder view and waits for it.
-	stopFollow func()
 }
 
 // NewReplica starts a replica with a proxy in front of every member of c.
@@ -103,23 +100,19 @@ func (r *Replica) Restart() error {
 	if r.running {
 		return nil
 	}
-	cli, err := clientv3.New(clientv3.Config{
+	// Validations answer from the watch-fed holder view (the checkers
+	// hold it to linearizability like everything else).
+	c, err := coordinator.New(clientv3.Config{
 		Endpoints:            r.Endpoints(),
 		DialTimeout:          2 * time.Second,
 		DialKeepAliveTime:    time.Second,
 		DialKeepAliveTimeout: time.Second,
 		Logger:               zap.NewNop(),
-	})
+	}, coordinator.WithLease(lease.WithKeyPrefix(KeyPrefix)), coordinator.WithLogger(ServerLog),
+		coordinator.WithServer(server.WithServerOptions(r.opts...)))
 	if err != nil {
 		return err
 	}
-	mgr, err := lease.New(cli, lease.WithKeyPrefix(KeyPrefix))
-	if err != nil {
-		cli.Close()
-		return err
-	}
-	val := fence.New(cli, mgr.Keyspace())
-	gs, _ := server.NewGRPCServer(server.NewLockService(mgr, val, ServerLog), nil, server.WithServerOptions(r.opts...))
 	addr := r.addr
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -133,26 +126,20 @@ func (r *Replica) Restart() error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if err != nil {
-		mgr.Close()
-		cli.Close()
+		c.Close()
 		return fmt.Errorf("chaos: replica %d listen: %w", r.ID, err)
 	}
-	go func() { _ = gs.Serve(lis) }()
+	c.ServeInBackground(lis)
 	r.addr = lis.Addr().String()
 	if r.conn == nil {
 		r.conn, err = grpc.NewClient(r.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
-			gs.Stop()
-			mgr.Close()
-			cli.Close()
+			c.Close()
 			return err
 		}
 		r.lc = coordinatorv1.NewLockServiceClient(r.conn)
 	}
-	// Validations answer from the watch-fed holder view (the checkers
-	// hold it to linearizability like everything else).
-	r.stopFollow = val.FollowInBackground(nil)
-	r.cli, r.mgr, r.gs, r.running = cli, mgr, gs, true
+	r.coord, r.running = c, true
 	return nil
 }
 
@@ -165,10 +152,7 @@ func (r *Replica) Crash() {
 		return
 	}
 	r.running = false
-	r.cli.Close()
-	r.gs.Stop()
-	r.mgr.Close()
-	r.stopFollow()
+	r.coord.Crash()
 }
 
 // PartitionFromEtcd blackholes every proxy of the replica: its etcd calls
