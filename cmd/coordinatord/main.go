@@ -24,10 +24,16 @@ func main() {
 	os.Exit(run(os.Args[1:]))
 }
 
+// run is the whole command: flags (and environment) to a Config, checked
+// once by Config.Validate (a bad value exits 2, naming its flag), then the
+// daemon's New, Run and Close (a failure exits 1).
 func run(args []string) int {
-	cfg, logger, err := parse(args)
+	cfg, err := parse(args)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
+	}
+	if err == nil {
+		err = cfg.Validate()
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "coordinatord:", err)
@@ -35,11 +41,21 @@ func run(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := daemon.Run(ctx, cfg); err != nil {
-		logger.Error("coordinatord failed", "err", err)
+	if err := serve(ctx, cfg); err != nil {
+		cfg.Logger.Error("coordinatord failed", "err", err)
 		return 1
 	}
 	return 0
+}
+
+// serve runs the daemon of cfg until ctx ends.
+func serve(ctx context.Context, cfg daemon.Config) error {
+	d, err := daemon.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Run(ctx)
 }
 
 // envPrefix starts the environment variable of every flag:
@@ -96,7 +112,11 @@ func (v uint32Value) Set(s string) error {
 	return nil
 }
 
-func parse(args []string) (daemon.Config, *slog.Logger, error) {
+// parse turns the command line and the COORDINATORD_* environment into a
+// Config, its Logger included. It refuses only what cannot become a Config
+// (a malformed number, an unreadable password file, a log level or format
+// that names none); Config.Validate checks the values.
+func parse(args []string) (daemon.Config, error) {
 	fs := flag.NewFlagSet("coordinatord", flag.ContinueOnError)
 	var (
 		cfg          daemon.Config
@@ -120,15 +140,15 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs.Int64Var(&cfg.EtcdQuotaBackendBytes, "etcd-quota-backend-bytes", 0, "embedded etcd only: store size at which writes are refused (RESOURCE_EXHAUSTED, reason STORE_FULL) until space is reclaimed; 0: 2 GiB (env COORDINATORD_ETCD_QUOTA_BACKEND_BYTES)")
 	fs.DurationVar(&cfg.DefaultTTL, "default-ttl", 15*time.Second, "lease TTL when a request asks for none (env COORDINATORD_DEFAULT_TTL)")
 	fs.DurationVar(&cfg.MaxTTL, "max-ttl", 5*time.Minute, "largest lease TTL a request may ask for (env COORDINATORD_MAX_TTL)")
-	fs.DurationVar(&cfg.MaxHold, "max-hold", time.Hour, "longest a grant may be renewed; requests may ask for less (env COORDINATORD_MAX_HOLD)")
+	fs.DurationVar(&cfg.MaxHold, "max-hold", daemon.DefaultMaxHold, "longest a grant may be renewed; requests may ask for less (env COORDINATORD_MAX_HOLD)")
 	fs.DurationVar(&cfg.MaxLockDelay, "max-lock-delay", time.Minute, "largest lock-delay a request may ask for (env COORDINATORD_MAX_LOCK_DELAY)")
-	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on the graceful stop (env COORDINATORD_SHUTDOWN_TIMEOUT)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", daemon.DefaultShutdownTimeout, "bound on the graceful stop (env COORDINATORD_SHUTDOWN_TIMEOUT)")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "PEM server certificate file; with -tls-key, gRPC is served over TLS 1.2+ (env COORDINATORD_TLS_CERT)")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "PEM private key file of -tls-cert (env COORDINATORD_TLS_KEY)")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "PEM CA bundle; set, every client must present a certificate signed by it (mutual TLS) (env COORDINATORD_TLS_CLIENT_CA)")
 	fs.StringVar(&cfg.AuthPolicy, "auth-policy", "", "JSON authorization policy file; set, every call but health and reflection needs an identity (client certificate or bearer token) allowed by it (env COORDINATORD_AUTH_POLICY)")
 	fs.StringVar(&cfg.AuthTokens, "auth-tokens", "", "bearer token file: lines \"identity sha256-hex-of-token\" (env COORDINATORD_AUTH_TOKENS)")
-	fs.DurationVar(&cfg.AuthReloadInterval, "auth-reload-interval", 5*time.Second, "how often the policy and token files are checked for changes; SIGHUP reloads at once (env COORDINATORD_AUTH_RELOAD_INTERVAL)")
+	fs.DurationVar(&cfg.AuthReloadInterval, "auth-reload-interval", daemon.DefaultAuthReloadInterval, "how often the policy and token files are checked for changes; SIGHUP reloads at once (env COORDINATORD_AUTH_RELOAD_INTERVAL)")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "", "HTTP address of /metrics (Prometheus), /healthz and /readyz, e.g. 127.0.0.1:9090; empty: off (env COORDINATORD_METRICS_LISTEN)")
 	fs.IntVar(&cfg.MaxRecvMsgSize, "max-recv-msg-size", 256<<10, "largest request message in bytes; larger ones get RESOURCE_EXHAUSTED (env COORDINATORD_MAX_RECV_MSG_SIZE)")
 	fs.Var(uint32Value{&cfg.MaxConcurrentStreams}, "max-concurrent-streams", "concurrent calls per client connection (HTTP/2 streams); more wait for a free one; 0: no limit (env COORDINATORD_MAX_CONCURRENT_STREAMS)")
@@ -150,76 +170,49 @@ func parse(args []string) (daemon.Config, *slog.Logger, error) {
 	fs.DurationVar(&cfg.MaxConnectionIdle, "max-connection-idle", 5*time.Minute, "a client connection without a call for this long is sent GOAWAY (clients reconnect on their next call); 0: never (env COORDINATORD_MAX_CONNECTION_IDLE)")
 	unknownEnv, err := applyEnv(fs, os.Environ())
 	if err != nil {
-		return cfg, nil, err
+		return cfg, err
 	}
 	if err := fs.Parse(args); err != nil {
-		return cfg, nil, err
+		return cfg, err
 	}
 	if fs.NArg() > 0 {
-		return cfg, nil, fmt.Errorf("unexpected arguments %q; see -help", fs.Args())
+		return cfg, fmt.Errorf("unexpected arguments %q; see -help", fs.Args())
 	}
 	for _, e := range strings.Split(endpoints, ",") {
 		if e = strings.TrimSpace(e); e != "" {
 			cfg.EtcdEndpoints = append(cfg.EtcdEndpoints, e)
 		}
 	}
-	if (cfg.EtcdUsername == "") != (passwordFile == "") {
-		return cfg, nil, errors.New("-etcd-username and -etcd-password-file go together")
-	}
 	if passwordFile != "" {
 		b, err := os.ReadFile(passwordFile)
 		if err != nil {
-			return cfg, nil, fmt.Errorf("-etcd-password-file: %w", err)
+			return cfg, fmt.Errorf("-etcd-password-file: %w", err)
 		}
 		cfg.EtcdPassword = strings.TrimRight(string(b), "\r\n")
 	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return cfg, nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	switch format {
-	case "json":
-		cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, opts))
-	case "text":
-		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, opts))
-	default:
-		return cfg, nil, fmt.Errorf("-log-format %q: want json or text", format)
+	if cfg.Logger, err = newLogger(level, format); err != nil {
+		return cfg, err
 	}
 	for _, k := range unknownEnv {
 		cfg.Logger.Warn("unknown environment variable ignored: no flag reads it; check its spelling (see -help)", "variable", k)
 	}
-	switch {
-	case cfg.MaxTTL < time.Second:
-		return cfg, nil, fmt.Errorf("-max-ttl %v: must be at least 1s", cfg.MaxTTL)
-	case cfg.DefaultTTL < time.Second || cfg.DefaultTTL > cfg.MaxTTL:
-		return cfg, nil, fmt.Errorf("-default-ttl %v: must be between 1s and -max-ttl (%v)", cfg.DefaultTTL, cfg.MaxTTL)
-	case (cfg.TLSCert == "") != (cfg.TLSKey == ""):
-		return cfg, nil, errors.New("-tls-cert and -tls-key go together")
-	case cfg.TLSClientCA != "" && cfg.TLSCert == "":
-		return cfg, nil, errors.New("-tls-client-ca needs -tls-cert and -tls-key")
-	case cfg.TLSIdentityFromCN && cfg.TLSClientCA == "":
-		return cfg, nil, errors.New("-tls-identity-from-cn needs -tls-client-ca: without mutual TLS there are no client certificates")
-	case cfg.AuthTokens != "" && cfg.AuthPolicy == "":
-		return cfg, nil, errors.New("-auth-tokens needs -auth-policy")
-	case cfg.MaxRecvMsgSize < 0 || cfg.RateLimit < 0 || cfg.RateBurst < 0 || cfg.MaxWaitersPerLock < 0 || cfg.MaxLocksPerIdentity < 0 || cfg.MaxWait < 0 || cfg.KeepaliveMinTime < 0:
-		return cfg, nil, errors.New("-max-recv-msg-size, -rate-limit, -rate-burst, -max-waiters-per-lock, -max-locks-per-identity, -max-wait and -keepalive-min-time must not be negative")
-	case cfg.MaxWatchStreams < 0 || cfg.MaxHoldStreams < 0 || cfg.MaxConnections < 0 || cfg.MaxConnectionIdle < 0:
-		return cfg, nil, errors.New("-max-watch-streams-per-caller, -max-hold-streams-per-caller, -max-connections and -max-connection-idle must not be negative")
-	case cfg.MaxMarksPerIdentity < 0 || cfg.MarkRetention < 0:
-		return cfg, nil, errors.New("-max-marks-per-identity and -mark-retention must not be negative")
-	case cfg.AuthReloadInterval <= 0:
-		return cfg, nil, fmt.Errorf("-auth-reload-interval %v: must be positive", cfg.AuthReloadInterval)
-	case cfg.EtcdQuotaBackendBytes < 0:
-		return cfg, nil, fmt.Errorf("-etcd-quota-backend-bytes %d: must not be negative", cfg.EtcdQuotaBackendBytes)
-	case embedetcd.ValidateCompaction(cfg.EtcdAutoCompactionMode, cfg.EtcdAutoCompactionRetention) != nil:
-		return cfg, nil, fmt.Errorf("-etcd-auto-compaction-mode/-retention: %w", embedetcd.ValidateCompaction(cfg.EtcdAutoCompactionMode, cfg.EtcdAutoCompactionRetention))
-	case cfg.MaxHold <= 0:
-		return cfg, nil, fmt.Errorf("-max-hold %v: must be positive", cfg.MaxHold)
-	case cfg.MaxLockDelay < 0:
-		return cfg, nil, fmt.Errorf("-max-lock-delay %v: must not be negative", cfg.MaxLockDelay)
-	case cfg.ShutdownTimeout <= 0:
-		return cfg, nil, fmt.Errorf("-shutdown-timeout %v: must be positive", cfg.ShutdownTimeout)
+	return cfg, nil
+}
+
+// newLogger is the logger of -log-level and -log-format, on stderr. It is
+// built here rather than checked by Config.Validate: a Config carries a
+// logger, not its flags.
+func newLogger(level, format string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
 	}
-	return cfg, cfg.Logger, nil
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("-log-format %q: want json or text", format)
 }

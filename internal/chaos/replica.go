@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
-	"github.com/coordinatord/coordinatord/internal/fence"
+	"github.com/coordinatord/coordinatord/internal/coordinator"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
 )
@@ -27,25 +27,21 @@ var ServerLog *slog.Logger
 // KeyPrefix is the etcd key prefix of every replica.
 const KeyPrefix = "/chaos/"
 
-// Replica is one coordinator (lease manager, validator, gRPC server on
-// loopback) whose etcd client reaches each member through its own Proxy.
+// Replica is one coordinator (internal/coordinator: lease manager,
+// validator with its holder view, gRPC server on loopback) whose etcd client
+// reaches each member through its own Proxy.
 type Replica struct {
 	ID      int
 	proxies []*Proxy
 	opts    []grpc.ServerOption
 
-	mu      sync.Mutex
-	addr    string
-	cli     *clientv3.Client
-	mgr     *lease.Manager
-	gs      *grpc.Server
-	conn    *grpc.ClientConn
-	lc      coordinatorv1.LockServiceClient
-	running bool
-	val     *fence.Validator
-	// stopFollow stops the validator's holder view and waits for it;
-	// stopEnds the lock-end watch.
-	stopFollow, stopEnds func()
+	mu       sync.Mutex
+	addr     string
+	coord    *coordinator.Coordinator
+	conn     *grpc.ClientConn
+	lc       coordinatorv1.LockServiceClient
+	running  bool
+	stopEnds func() // stops the lock-end watch
 
 	// Events counts the replica's warnings across restarts.
 	Events *Events
@@ -110,23 +106,21 @@ func (r *Replica) Restart() error {
 	if r.running {
 		return nil
 	}
-	cli, err := clientv3.New(clientv3.Config{
+	// Validations answer from the watch-fed holder view (the checkers
+	// hold it to linearizability like everything else).
+	c, err := coordinator.New(clientv3.Config{
 		Endpoints:            r.Endpoints(),
 		DialTimeout:          2 * time.Second,
 		DialKeepAliveTime:    time.Second,
 		DialKeepAliveTimeout: time.Second,
 		Logger:               zap.NewNop(),
-	})
+	}, coordinator.WithLogger(ServerLog),
+		// The lease manager's warnings are counted (after WithLogger: it wins).
+		coordinator.WithLease(lease.WithKeyPrefix(KeyPrefix), lease.WithLogger(r.Events.Logger())),
+		coordinator.WithServer(server.WithServerOptions(r.opts...)))
 	if err != nil {
 		return err
 	}
-	mgr, err := lease.New(cli, lease.WithKeyPrefix(KeyPrefix), lease.WithLogger(r.Events.Logger()))
-	if err != nil {
-		cli.Close()
-		return err
-	}
-	val := fence.New(cli, mgr.Keyspace())
-	gs, _ := server.NewGRPCServer(server.NewLockService(mgr, val, ServerLog), nil, server.WithServerOptions(r.opts...))
 	addr := r.addr
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -140,38 +134,32 @@ func (r *Replica) Restart() error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if err != nil {
-		mgr.Close()
-		cli.Close()
+		c.Close()
 		return fmt.Errorf("chaos: replica %d listen: %w", r.ID, err)
 	}
-	go func() { _ = gs.Serve(lis) }()
+	c.ServeInBackground(lis)
 	r.addr = lis.Addr().String()
 	if r.conn == nil {
 		r.conn, err = grpc.NewClient(r.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
-			gs.Stop()
-			mgr.Close()
-			cli.Close()
+			c.Close()
 			return err
 		}
 		r.lc = coordinatorv1.NewLockServiceClient(r.conn)
 	}
-	// Validations answer from the watch-fed holder view (the checkers
-	// hold it to linearizability like everything else).
-	r.stopFollow = val.FollowInBackground(r.Events.Logger())
 	// The lock-end watch, as the daemon runs it (for its metrics).
 	ectx, ecancel := context.WithCancel(context.Background())
 	edone := make(chan struct{})
 	go func() {
 		defer close(edone)
-		_ = mgr.WatchEnds(ectx, 0, func(e lease.GrantEnd) {
+		_ = c.Leases().WatchEnds(ectx, 0, func(e lease.GrantEnd) {
 			r.endsMu.Lock()
 			r.ends = append(r.ends, e)
 			r.endsMu.Unlock()
 		})
 	}()
 	r.stopEnds = func() { ecancel(); <-edone }
-	r.cli, r.mgr, r.gs, r.val, r.running = cli, mgr, gs, val, true
+	r.coord, r.running = c, true
 	return nil
 }
 
@@ -192,7 +180,7 @@ func (r *Replica) SawEnd(name string, token int64) bool {
 func (r *Replica) Following() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.running && r.val.Following()
+	return r.running && r.coord.Fence().Following()
 }
 
 // Running tells whether the replica serves (it was not crashed).
@@ -216,11 +204,9 @@ func (r *Replica) Crash() {
 	}
 	r.running = false
 	r.PartitionFromEtcd()
-	r.gs.Stop()
-	r.cli.Close()
+	r.coord.GRPC().Stop() // before the etcd client closes: no call sees a closing client
+	r.coord.Crash()
 	r.stopEnds()
-	r.mgr.Close()
-	r.stopFollow()
 	r.Heal()
 }
 

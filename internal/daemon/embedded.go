@@ -16,13 +16,7 @@ import (
 // this process (a unix socket in DataDir/private), compacting its history
 // and keeping its store under the quota by itself.
 func startEmbedded(ctx context.Context, cfg Config, log *slog.Logger) (*embedetcd.Server, error) {
-	mode, retention := cfg.EtcdAutoCompactionMode, cfg.EtcdAutoCompactionRetention
-	if mode == "" {
-		mode = embedetcd.DefaultCompactionMode
-	}
-	if retention == "" {
-		retention = embedetcd.DefaultRetention
-	}
+	mode, retention := cfg.compaction()
 	opts := []embedetcd.Option{embedetcd.WithLogger(log), embedetcd.WithAutoCompaction(mode, retention),
 		embedetcd.WithQuota(cfg.EtcdQuotaBackendBytes)}
 	if cfg.EtcdSpaceCheck > 0 {

@@ -13,10 +13,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/coordinator"
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
-	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
-	"github.com/coordinatord/coordinatord/internal/server"
 )
 
 // End-to-end benchmarks: a real gRPC client over loopback TCP, the real
@@ -35,25 +34,18 @@ func benchEnv(b *testing.B) coordinatorv1.LockServiceClient {
 		b.Fatal(err)
 	}
 	b.Cleanup(e.Close)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second})
+	// Assembled as the daemon assembles it: validations follow the holder view.
+	c, err := coordinator.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second},
+		coordinator.WithLease(lease.WithKeyPrefix("/bench/")))
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { cli.Close() })
-	mgr, err := lease.New(cli, lease.WithKeyPrefix("/bench/"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(mgr.Close)
-	val := fence.New(cli, mgr.Keyspace())
-	b.Cleanup(val.FollowInBackground(nil)) // as the daemon follows
-	gs, _ := server.NewGRPCServer(server.NewLockService(mgr, val, nil), nil)
+	b.Cleanup(c.Close)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
-	go func() { _ = gs.Serve(lis) }()
-	b.Cleanup(gs.Stop)
+	c.ServeInBackground(lis)
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)

@@ -21,6 +21,7 @@ import (
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/chaos"
+	"github.com/coordinatord/coordinatord/internal/coordinator"
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
@@ -42,15 +43,14 @@ type env struct {
 	t       *testing.T
 	dataDir string
 	etcd    *embedetcd.Server
-	cli     *clientv3.Client // direct etcd access for assertions
+	coord   *coordinator.Coordinator
+	cli     *clientv3.Client // the coordinator's etcd client, for assertions
 	mgr     *lease.Manager
 	gs      *grpc.Server
 	addr    string
 	conn    *grpc.ClientConn
 	lc      coordinatorv1.LockServiceClient
 	stopped bool
-	// stopFollow stops the validator's holder view and waits for it.
-	stopFollow func()
 	// fenceOpts configure the validators of the coordinator and its replicas.
 	fenceOpts []fence.Option
 }
@@ -73,28 +73,30 @@ func (e *env) start(opts ...lease.Option) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.cli, err = clientv3.New(clientv3.Config{Endpoints: e.etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	e.assemble(clientv3.Config{Endpoints: e.etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, nil, opts...)
+	e.stopped = false
+}
+
+// assemble builds the coordinator over etcd as the daemon does
+// (coordinator.New: every test's validations go through the watch-fed holder
+// view), serves it on loopback and connects e.lc to it.
+func (e *env) assemble(etcd clientv3.Config, srv []server.Option, opts ...lease.Option) {
+	t := e.t
+	t.Helper()
+	c, err := coordinator.New(etcd, coordinator.WithLease(append([]lease.Option{lease.WithKeyPrefix("/test/")}, opts...)...),
+		coordinator.WithFence(e.fenceOpts...), coordinator.WithServer(srv...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.mgr, err = lease.New(e.cli, append([]lease.Option{lease.WithKeyPrefix("/test/")}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	val := fence.New(e.cli, e.mgr.Keyspace(), e.fenceOpts...)
-	svc := server.NewLockService(e.mgr, val, nil)
-	e.gs, _ = server.NewGRPCServer(svc, nil)
-	// Every test's validations go through the watch-fed holder view.
-	e.stopFollow = val.FollowInBackground(nil)
+	e.coord, e.cli, e.mgr, e.gs = c, c.Etcd(), c.Leases(), c.GRPC()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.addr = lis.Addr().String()
-	go func() { _ = e.gs.Serve(lis) }()
+	c.ServeInBackground(lis)
 	e.conn = e.dial()
 	e.lc = coordinatorv1.NewLockServiceClient(e.conn)
-	e.stopped = false
 }
 
 func (e *env) dial() *grpc.ClientConn {
@@ -111,13 +113,8 @@ func (e *env) stop() {
 		return
 	}
 	e.stopped = true
-	if e.stopFollow != nil {
-		e.stopFollow()
-	}
-	e.mgr.Close()
-	e.gs.Stop()
+	e.coord.Close()
 	e.conn.Close()
-	e.cli.Close()
 	e.etcd.Close()
 }
 
@@ -245,12 +242,10 @@ var errStop = errors.New("stop")
 func withMaxTTL(d time.Duration) lease.Option { return lease.WithMaxTTL(d) }
 
 // replica is a second coordinator on the same etcd, with its own etcd
-// client, lease manager and gRPC server.
+// client, lease manager, validator (and holder view) and gRPC server.
 type replica struct {
 	proxy *chaos.Proxy
-	cli   *clientv3.Client
-	mgr   *lease.Manager
-	gs    *grpc.Server
+	coord *coordinator.Coordinator
 	conn  *grpc.ClientConn
 	lc    coordinatorv1.LockServiceClient
 }
@@ -264,25 +259,21 @@ func (e *env) replica() *replica {
 		t.Fatal(err)
 	}
 	t.Cleanup(proxy.Close)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"http://" + proxy.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	c, err := coordinator.New(clientv3.Config{Endpoints: []string{"http://" + proxy.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()},
+		coordinator.WithLease(lease.WithKeyPrefix("/test/")), coordinator.WithFence(e.fenceOpts...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	mgr, err := lease.New(cli, lease.WithKeyPrefix("/test/"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs, _ := server.NewGRPCServer(server.NewLockService(mgr, fence.New(cli, mgr.Keyspace(), e.fenceOpts...), nil), nil)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = gs.Serve(lis) }()
+	c.ServeInBackground(lis)
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &replica{cli: cli, mgr: mgr, gs: gs, conn: conn, lc: coordinatorv1.NewLockServiceClient(conn), proxy: proxy}
+	r := &replica{coord: c, conn: conn, lc: coordinatorv1.NewLockServiceClient(conn), proxy: proxy}
 	t.Cleanup(func() { r.crash() })
 	return r
 }
@@ -291,8 +282,6 @@ func (e *env) replica() *replica {
 // stops it.
 func (r *replica) crash() {
 	r.proxy.Set(chaos.Blackhole, 0)
-	r.cli.Close()
-	r.gs.Stop()
+	r.coord.Crash()
 	r.conn.Close()
-	r.mgr.Close()
 }

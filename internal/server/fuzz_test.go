@@ -16,10 +16,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/coordinator"
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
-	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
-	"github.com/coordinatord/coordinatord/internal/server"
 )
 
 // FuzzAcquireRequest sends arbitrary AcquireRequests over real gRPC to a
@@ -41,24 +40,19 @@ func FuzzAcquireRequest(f *testing.F) {
 		f.Fatal(err)
 	}
 	defer etcd.Close()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer cli.Close()
 	const prefix = "/fuzz/"
-	mgr, err := lease.New(cli, lease.WithKeyPrefix(prefix))
+	c, err := coordinator.New(clientv3.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()},
+		coordinator.WithLease(lease.WithKeyPrefix(prefix)))
 	if err != nil {
 		f.Fatal(err)
 	}
-	defer mgr.Close()
-	gs, _ := server.NewGRPCServer(server.NewLockService(mgr, fence.New(cli, mgr.Keyspace()), nil), nil)
-	defer gs.Stop()
+	defer c.Close()
+	cli, mgr := c.Etcd(), c.Leases()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		f.Fatal(err)
 	}
-	go func() { _ = gs.Serve(lis) }()
+	c.ServeInBackground(lis)
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		f.Fatal(err)

@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"crypto/tls"
-	"net"
 	"testing"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
-	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
 )
@@ -29,24 +27,7 @@ func newEnvWith(t *testing.T, srv []server.Option, opts ...lease.Option) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.cli, err = clientv3.New(clientv3.Config{Endpoints: e.etcd.Endpoints(), DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.mgr, err = lease.New(e.cli, append([]lease.Option{lease.WithKeyPrefix("/test/")}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := server.NewLockService(e.mgr, fence.New(e.cli, e.mgr.Keyspace()), nil)
-	e.gs, _ = server.NewGRPCServer(svc, nil, srv...)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.addr = lis.Addr().String()
-	go func() { _ = e.gs.Serve(lis) }()
-	e.conn = e.dial()
-	e.lc = coordinatorv1.NewLockServiceClient(e.conn)
+	e.assemble(clientv3.Config{Endpoints: e.etcd.Endpoints(), DialTimeout: 5 * time.Second}, srv, opts...)
 	t.Cleanup(e.stop)
 	return e
 }

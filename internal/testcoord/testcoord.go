@@ -1,21 +1,21 @@
 // Package testcoord runs a real coordinator (embedded etcd with fast
-// elections, lease manager, fence validator, gRPC on 127.0.0.1:0) inside a
-// test process, for the tests and runnable examples of the public packages.
+// elections, and the daemon's assembly, internal/coordinator: lease manager,
+// fence validator with its holder view, gRPC on 127.0.0.1:0) inside a test
+// process, for the tests and runnable examples of the public packages.
 package testcoord
 
 import (
 	"context"
-	"fmt"
-	"go.uber.org/goleak"
 	"net"
 	"os"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
+	"github.com/coordinatord/coordinatord/internal/coordinator"
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
-	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
 )
@@ -27,10 +27,9 @@ type Coordinator struct {
 	// Etcd is a client of the embedded etcd, for assertions.
 	Etcd *clientv3.Client
 
-	dir  string
-	etcd *embedetcd.Server
-	mgr  *lease.Manager
-	gs   *grpc.Server
+	dir   string
+	etcd  *embedetcd.Server
+	coord *coordinator.Coordinator
 }
 
 // Start starts a coordinator; opts are extra gRPC server options (e.g.
@@ -54,34 +53,25 @@ func (c *Coordinator) start(opts []grpc.ServerOption) error {
 	if err != nil {
 		return err
 	}
-	c.Etcd, err = clientv3.New(clientv3.Config{Endpoints: c.etcd.Endpoints(), DialTimeout: 5 * time.Second})
-	if err != nil {
-		return fmt.Errorf("etcd client: %w", err)
-	}
-	c.mgr, err = lease.New(c.Etcd, lease.WithKeyPrefix("/test/"))
+	c.coord, err = coordinator.New(clientv3.Config{Endpoints: c.etcd.Endpoints(), DialTimeout: 5 * time.Second},
+		coordinator.WithLease(lease.WithKeyPrefix("/test/")), coordinator.WithServer(server.WithServerOptions(opts...)))
 	if err != nil {
 		return err
 	}
-	c.gs, _ = server.NewGRPCServer(server.NewLockService(c.mgr, fence.New(c.Etcd, c.mgr.Keyspace()), nil), nil, server.WithServerOptions(opts...))
+	c.Etcd = c.coord.Etcd()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
 	c.Addr = lis.Addr().String()
-	go func() { _ = c.gs.Serve(lis) }()
+	c.coord.ServeInBackground(lis)
 	return nil
 }
 
 // Stop stops gRPC and etcd and removes the data directory.
 func (c *Coordinator) Stop() {
-	if c.mgr != nil {
-		c.mgr.Close()
-	}
-	if c.gs != nil {
-		c.gs.Stop()
-	}
-	if c.Etcd != nil {
-		c.Etcd.Close()
+	if c.coord != nil {
+		c.coord.Close()
 	}
 	if c.etcd != nil {
 		c.etcd.Close()

@@ -1,0 +1,176 @@
+// Package coordinator assembles one coordinator: an etcd client, the lease
+// manager over it, the fence validator beside it, the gRPC server in front
+// of both, and the validator's holder view following etcd. It is the one
+// constructor of that graph: the daemon, internal/testcoord, the chaos
+// replicas, the benchmarks and the server tests all build it here, so that
+// none of them drifts from what the daemon serves (two test setups once ran
+// without the holder view).
+//
+// It does not listen, start etcd, or read configuration: the caller brings
+// the etcd client's configuration, the listener and the options of each part.
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+
+	"github.com/coordinatord/coordinatord/internal/fence"
+	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/server"
+)
+
+// Coordinator is one assembled coordinator. Its holder view runs from New
+// until Close; serve it with Serve, stop it with Drain (graceful) and Close,
+// or with Crash in fault-injection tests.
+type Coordinator struct {
+	cli *clientv3.Client
+	mgr *lease.Manager
+	val *fence.Validator
+	gs  *grpc.Server
+	hs  *health.Server
+	log *slog.Logger
+
+	stopFollow func()
+	closeOnce  sync.Once
+}
+
+type options struct {
+	lease  []lease.Option
+	fence  []fence.Option
+	server []server.Option
+	log    *slog.Logger
+}
+
+// Option configures New.
+type Option func(*options)
+
+// WithLease adds options of the lease manager.
+func WithLease(opts ...lease.Option) Option {
+	return func(o *options) { o.lease = append(o.lease, opts...) }
+}
+
+// WithFence adds options of the fence validator.
+func WithFence(opts ...fence.Option) Option {
+	return func(o *options) { o.fence = append(o.fence, opts...) }
+}
+
+// WithServer adds options of the gRPC server (interceptors, credentials,
+// limits, raw grpc.ServerOptions).
+func WithServer(opts ...server.Option) Option {
+	return func(o *options) { o.server = append(o.server, opts...) }
+}
+
+// WithLogger sets the logger of every part: the lease manager, the holder
+// view, the handlers and the gRPC server (default: discard).
+func WithLogger(log *slog.Logger) Option { return func(o *options) { o.log = log } }
+
+// New connects an etcd client with etcd, builds the lease manager, the fence
+// validator and the gRPC server over it, and starts the validator's holder
+// view (validations without a resource answer from it). On an error nothing
+// is left running.
+func New(etcd clientv3.Config, opts ...Option) (*Coordinator, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.log == nil {
+		o.log = slog.New(slog.DiscardHandler)
+	}
+	cli, err := clientv3.New(etcd)
+	if err != nil {
+		return nil, fmt.Errorf("etcd client for %v: %w", etcd.Endpoints, err)
+	}
+	mgr, err := lease.New(cli, append([]lease.Option{lease.WithLogger(o.log)}, o.lease...)...)
+	if err != nil {
+		cli.Close()
+		return nil, err
+	}
+	val := fence.New(cli, mgr.Keyspace(), o.fence...)
+	gs, hs := server.NewGRPCServer(server.NewLockService(mgr, val, o.log), o.log, o.server...)
+	c := &Coordinator{cli: cli, mgr: mgr, val: val, gs: gs, hs: hs, log: o.log}
+	c.stopFollow = val.FollowInBackground(o.log)
+	return c, nil
+}
+
+// Etcd is the coordinator's etcd client (closed by Close).
+func (c *Coordinator) Etcd() *clientv3.Client { return c.cli }
+
+// Leases is the lease manager.
+func (c *Coordinator) Leases() *lease.Manager { return c.mgr }
+
+// Fence is the fence validator.
+func (c *Coordinator) Fence() *fence.Validator { return c.val }
+
+// GRPC is the gRPC server, with the lock, fence, health and reflection
+// services registered.
+func (c *Coordinator) GRPC() *grpc.Server { return c.gs }
+
+// Health is the gRPC server's health service, for the caller to flip.
+func (c *Coordinator) Health() *health.Server { return c.hs }
+
+// Serve serves gRPC on lis until the server stops (grpc.Server.Serve).
+func (c *Coordinator) Serve(lis net.Listener) error { return c.gs.Serve(lis) }
+
+// ServeInBackground serves gRPC on lis in a goroutine that ends when the
+// server stops (Drain, Close or Crash).
+func (c *Coordinator) ServeInBackground(lis net.Listener) {
+	go func() { _ = c.gs.Serve(lis) }()
+}
+
+// Drain stops taking work, gracefully, in this order:
+//
+//  1. every health service answers NOT_SERVING, so that balancers move on;
+//  2. the lease manager closes: every waiting Acquire ends and its queue key
+//     is removed (this needs etcd, which is still open); grants stay;
+//  3. gRPC stops gracefully: no new calls, in-flight ones finish; when ctx
+//     ends first, the calls left are cut (and Drain returns true).
+//
+// The holder view and the etcd client stay until Close.
+func (c *Coordinator) Drain(ctx context.Context) (cut bool) {
+	c.hs.Shutdown()
+	c.mgr.Close()
+	stopped := make(chan struct{})
+	go func() { c.gs.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+		return false
+	case <-ctx.Done():
+		c.gs.Stop()
+		<-stopped
+		return true
+	}
+}
+
+// Close stops what is left, at once, in this order: the lease manager
+// (waiting Acquires end, their queue keys removed), gRPC (in-flight calls
+// cut), the holder view, then the etcd client, which everything before
+// needed. After Drain only the last two have anything to do. Close is
+// idempotent.
+func (c *Coordinator) Close() {
+	c.closeOnce.Do(func() {
+		c.mgr.Close()
+		c.gs.Stop()
+		c.stopFollow()
+		c.cli.Close()
+	})
+}
+
+// Crash stops the coordinator as a crashed process stops: the etcd client
+// first, so that nothing is cleaned up in etcd (queue keys and grants stay
+// until their leases expire), then gRPC (in-flight calls fail), the lease
+// manager and the holder view. For fault-injection tests.
+func (c *Coordinator) Crash() {
+	c.closeOnce.Do(func() {
+		c.cli.Close()
+		c.gs.Stop()
+		c.mgr.Close()
+		c.stopFollow()
+	})
+}

@@ -1,0 +1,119 @@
+package daemon
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/coordinatord/coordinatord/internal/authz"
+	"github.com/coordinatord/coordinatord/internal/coordinator"
+	"github.com/coordinatord/coordinatord/internal/fence"
+	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/server"
+	"github.com/coordinatord/coordinatord/internal/tlsconf"
+)
+
+// assemble builds the coordinator (coordinator.New) from cfg: its etcd
+// client, the lease manager's caps, the validator's mark limit, and the gRPC
+// server's metrics, credentials, authorization and limits; then probes etcd
+// through it and counts locks for the metrics.
+func (d *Daemon) assemble(ctx context.Context) error {
+	cfg := d.cfg
+	etcdCfg, err := d.etcdClientConfig()
+	if err != nil {
+		return err
+	}
+	d.reg = prometheus.NewRegistry()
+	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	d.metrics = server.NewMetrics(d.reg)
+	srvOpts, err := d.grpcOptions()
+	if err != nil {
+		return err
+	}
+	leaseOpts := []lease.Option{lease.WithKeyPrefix(cfg.KeyPrefix), lease.WithDefaultTTL(cfg.DefaultTTL), lease.WithMaxTTL(cfg.MaxTTL),
+		lease.WithMaxHoldCap(cfg.MaxHold), lease.WithLockDelayCap(cfg.MaxLockDelay),
+		// Enforced in the join's etcd transaction: exact across replicas.
+		lease.WithMaxWaitersPerLock(cfg.MaxWaitersPerLock), lease.WithMaxLocksPerIdentity(cfg.MaxLocksPerIdentity)}
+	d.coord, err = coordinator.New(etcdCfg,
+		coordinator.WithLogger(d.log),
+		coordinator.WithLease(leaseOpts...),
+		coordinator.WithFence(fence.WithMarkLimit(cfg.MaxMarksPerIdentity)),
+		coordinator.WithServer(srvOpts...))
+	if err != nil {
+		return err
+	}
+	if err := d.probeEtcd(ctx); err != nil {
+		return err
+	}
+	d.metrics.CountLocks(2*time.Second, d.coord.Leases().Census)
+	d.metrics.Initialize(d.coord.GRPC())
+	return nil
+}
+
+// grpcOptions are the gRPC server's options from cfg: metrics, TLS,
+// authorization (loading the policy into d.store), rate and stream caps, the
+// wait limit, and gRPC's own message, stream, keepalive and idle limits.
+func (d *Daemon) grpcOptions() ([]server.Option, error) {
+	cfg, log := d.cfg, d.log
+	opts := []server.Option{d.metrics.Option()}
+	if cfg.TLSCert != "" || cfg.TLSKey != "" || cfg.TLSClientCA != "" {
+		ts, err := tlsconf.NewServer(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA)
+		if err != nil {
+			return nil, err
+		}
+		ts.OnReloadError = func(err error) {
+			log.Error("TLS files changed but do not load; still serving the previous certificate", "err", err)
+		}
+		opts = append(opts, server.WithServerOptions(grpc.Creds(credentials.NewTLS(ts.Config()))))
+		log.Info("gRPC over TLS", "mutual_tls", ts.MutualTLS())
+	} else if !loopback(cfg.Listen) {
+		log.Warn("PLAINTEXT gRPC on a non-loopback address: anyone on the network can read handles and take locks; "+
+			"use --tls-cert/--tls-key (and --tls-client-ca for mutual TLS), or listen on 127.0.0.1 for a sidecar",
+			"listen", cfg.Listen)
+	}
+	if cfg.AuthPolicy != "" {
+		store, err := authz.NewStore(cfg.AuthPolicy, cfg.AuthTokens)
+		if err != nil {
+			return nil, err
+		}
+		d.store = store
+		var authOpts []server.AuthOption
+		if cfg.TLSIdentityFromCN {
+			authOpts = append(authOpts, server.WithIdentityFromCN())
+		}
+		u, st := server.AuthInterceptors(store, authOpts...)
+		opts = append(opts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{u}, []grpc.StreamServerInterceptor{st}))
+		log.Info("authorization on", "policy", cfg.AuthPolicy, "tokens", cfg.AuthTokens)
+	} else {
+		log.Warn("NO AUTHORIZATION: every client may use every lock; set --auth-policy for a shared service")
+	}
+	if cfg.RateLimit > 0 {
+		u, st := server.RateLimit(cfg.RateLimit, max(cfg.RateBurst, 1))
+		opts = append(opts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{u}, []grpc.StreamServerInterceptor{st}))
+	}
+	if cfg.MaxWatchStreams > 0 || cfg.MaxHoldStreams > 0 {
+		caps := server.StreamCaps{MaxWatch: cfg.MaxWatchStreams, MaxHold: cfg.MaxHoldStreams}
+		opts = append(opts, server.WithInnerInterceptors(nil, []grpc.StreamServerInterceptor{caps.Interceptor()}))
+	}
+	limits := server.Limits{MaxWait: cfg.MaxWait}
+	opts = append(opts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{limits.Interceptor()}, []grpc.StreamServerInterceptor{limits.StreamInterceptor()}))
+	if cfg.MaxRecvMsgSize > 0 {
+		opts = append(opts, server.WithServerOptions(grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize)))
+	}
+	if cfg.MaxConcurrentStreams > 0 {
+		opts = append(opts, server.WithServerOptions(grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams)))
+	}
+	if cfg.KeepaliveMinTime > 0 {
+		opts = append(opts, server.WithServerOptions(grpc.KeepaliveEnforcementPolicy(
+			keepalive.EnforcementPolicy{MinTime: cfg.KeepaliveMinTime, PermitWithoutStream: true})))
+	}
+	if cfg.MaxConnectionIdle > 0 {
+		opts = append(opts, server.WithServerOptions(grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.MaxConnectionIdle})))
+	}
+	return opts, nil
+}
