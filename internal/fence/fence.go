@@ -1,6 +1,12 @@
 // Package fence validates fencing tokens against the current holder of a
 // lock, linearizably, and keeps per-resource high-water marks so that a
 // protected resource can refuse stale writes.
+//
+// It is the coordinator's end of ValidateToken; the resource's end is the
+// public package fence (its Gate asks through a fence.TokenValidator). It
+// stands on internal/keyspace for its keys and input rules and on
+// internal/etcdx for etcd's errors and its private watch stream, not on
+// internal/lease: lease writes the queues, fence only reads them.
 package fence
 
 import (
