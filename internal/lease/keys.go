@@ -22,9 +22,9 @@ const (
 // with the unexported spellings of its keys the lease files use.
 type Keyspace struct {
 	keyspace.Keyspace
-	// prefix is Prefix(), for the key methods still defined beside their
-	// users (ended, waiterSlots, ownersOf, request); each has its
-	// keyspace twin, which keys_test checks it agrees with.
+	// prefix is Prefix(), for ended, the one key method still spelled
+	// beside its user (recycle.go, being split); its keyspace twin is
+	// Ended, which TestKeyMethodsAgreeWithKeyspace checks it agrees with.
 	prefix string
 }
 
@@ -68,14 +68,7 @@ func validateOwner(owner string) error { return keyspace.ValidateOwner(owner) }
 // ValidateToken checks a fencing token argument.
 func ValidateToken(token int64) error { return keyspace.ValidateToken(token) }
 
-// encodePageToken and decodePageToken make List's cursor opaque.
+// encodePageToken makes List's cursor opaque (keyspace.EncodePageToken).
 func encodePageToken(escName string) string { return keyspace.EncodePageToken(escName) }
-
-func decodePageToken(tok string) (string, error) {
-	if tok == "" {
-		return "", fieldErr("page_token", "is not a token returned by List; pass next_page_token unchanged or leave it empty")
-	}
-	return keyspace.DecodePageToken(tok, "")
-}
 
 func formatLease(id clientv3.LeaseID) string { return strconv.FormatInt(int64(id), 16) }
