@@ -121,8 +121,8 @@ func (v *Validator) FollowInBackground(log *slog.Logger) (stop func()) {
 }
 
 // New returns a Validator for the locks laid out by ks; marks live under
-// ks.Prefix()+"fence/", their per-identity counters under
-// ks.Prefix()+"markcounts/". Without WithMarkLimit, an identity may create
+// ks.Marks(), their per-identity counters at ks.MarkCount (the layout is
+// internal/keyspace's). Without WithMarkLimit, an identity may create
 // DefaultMarkLimit marks.
 func New(cli *clientv3.Client, ks keyspace.Keyspace, opts ...Option) *Validator {
 	v := &Validator{cli: cli, ks: ks, reads: reads{cli: cli, barrier: ks.Barrier()}, markLimit: DefaultMarkLimit}

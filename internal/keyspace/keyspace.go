@@ -8,18 +8,18 @@
 // packages sharing one prefix cannot disagree about it, and a new subtree
 // is added beside the others, where its independence from them shows:
 //
-//	<prefix>locks/<name>/<lease>         a lock's queue: one key per contender (lease)
-//	<prefix>delay/<name>                 a lock's lock-delay key (lease)
-//	<prefix>ended/<name>                 how a lock's last grant ended (lease)
-//	<prefix>requests/<name>/<digest>     idempotency records of request ids (lease)
-//	<prefix>slots/<name>/<n>             a lock's waiter slots (lease)
-//	<prefix>owners/<identity>/<n>        an identity's lock slots (lease)
-//	<prefix>sessions/<lease>             a session's key (lease)
-//	<prefix>sessions/<lease>/locks/<name> a session's index of locks (lease)
-//	<prefix>fence/<resource>             a resource's high-water mark (fence)
-//	<prefix>fence/barrier                read only: the linearizable barrier (fence)
-//	<prefix>markcounts/<identity>        an identity's count of marks (fence)
-//	<prefix>readyz                       the daemon's readiness probe
+//	<prefix>locks/<name>/<lease>           a lock's queue: one key per contender (lease)
+//	<prefix>delay/<name>                   a lock's lock-delay key (lease)
+//	<prefix>ended/<name>                   how a lock's last grant ended (lease)
+//	<prefix>requests/<name>/<digest>       idempotency records of request ids (lease)
+//	<prefix>slots/<name>/<n>               a lock's waiter slots (lease)
+//	<prefix>owners/<identity>/<n>          an identity's lock slots (lease)
+//	<prefix>sessions/<lease>               a session's key (lease)
+//	<prefix>sessions/<lease>/locks/<name>  a session's index of locks (lease)
+//	<prefix>fence/<resource>               a resource's high-water mark (fence)
+//	<prefix>fence/barrier                  read only: the linearizable barrier (fence)
+//	<prefix>markcounts/<identity>          an identity's count of marks (fence)
+//	<prefix>readyz                         the daemon's readiness probe
 //
 // <name> and <resource> are escaped (Escape), <lease> is 16 hex digits,
 // <identity> is IdentityHash. The barrier key shares the marks' range: it is
