@@ -41,10 +41,10 @@ func AppendToOutgoingContext(ctx context.Context, lock string, token int64) cont
 	return metadata.AppendToOutgoingContext(ctx, MetadataLock, lock, MetadataToken, strconv.FormatInt(token, 10))
 }
 
-// Validator asks the coordinator whether a token is current for a lock and
-// at or above a resource's high-water mark (advancing it).
-// *client.Client implements it.
-type Validator interface {
+// TokenValidator asks the coordinator whether a token is current for a
+// lock and at or above a resource's high-water mark (advancing it).
+// *client.Client implements it; a test may pass a fake.
+type TokenValidator interface {
 	ValidateToken(ctx context.Context, name string, token int64, resource string) (client.Verdict, error)
 }
 
@@ -67,7 +67,7 @@ func FromContext(ctx context.Context) (Admitted, bool) {
 // Gate checks the fencing token of each request before its handler runs.
 type Gate struct {
 	guard        *Guard
-	val          Validator
+	val          TokenValidator
 	resource     string
 	lock         string
 	exempt       map[string]bool
@@ -89,7 +89,7 @@ func WithGuard(g *Guard) GateOption { return func(x *Gate) { x.guard = g } }
 // or is below the resource's high-water mark, and raises the mark. Between
 // that answer and the write, a newer holder could write first; combine with
 // WithGuard (or the SQL pattern) to close that gap.
-func WithCoordinator(v Validator, resource string) GateOption {
+func WithCoordinator(v TokenValidator, resource string) GateOption {
 	return func(x *Gate) { x.val, x.resource = v, resource }
 }
 

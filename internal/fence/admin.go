@@ -8,7 +8,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/etcdx"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // DeleteMark removes the resource's mark (ErrNoMark if it has none) and
@@ -19,7 +20,7 @@ import (
 // is lost is the mark's ownership: the next lock to validate a current
 // token against the resource owns it. It returns the mark as it was.
 func (v *Validator) DeleteMark(ctx context.Context, resource string) (*Mark, error) {
-	if err := lease.ValidateName("resource", resource, false); err != nil {
+	if err := keyspace.ValidateName("resource", resource, false); err != nil {
 		return nil, err
 	}
 	for range maxAttempts {
@@ -35,7 +36,7 @@ func (v *Validator) DeleteMark(ctx context.Context, resource string) (*Mark, err
 			return &m, nil
 		}
 	}
-	return nil, fmt.Errorf("%w: %w (resource %q); retry", lease.ErrUnavailable, errConflict, resource)
+	return nil, fmt.Errorf("%w: %w (resource %q); retry", etcdx.ErrUnavailable, errConflict, resource)
 }
 
 // RebindMark gives the resource's mark to lock, for admins: the token is
@@ -43,10 +44,10 @@ func (v *Validator) DeleteMark(ctx context.Context, resource string) (*Mark, err
 // tokens raise it. ErrNoMark if it has none. It returns the mark after the
 // change.
 func (v *Validator) RebindMark(ctx context.Context, resource, lock string) (*Mark, error) {
-	if err := lease.ValidateName("resource", resource, false); err != nil {
+	if err := keyspace.ValidateName("resource", resource, false); err != nil {
 		return nil, err
 	}
-	if err := lease.ValidateName("lock", lock, false); err != nil {
+	if err := keyspace.ValidateName("lock", lock, false); err != nil {
 		return nil, err
 	}
 	for range maxAttempts {
@@ -66,7 +67,7 @@ func (v *Validator) RebindMark(ctx context.Context, resource, lock string) (*Mar
 			return &m, nil
 		}
 	}
-	return nil, fmt.Errorf("%w: %w (resource %q); retry", lease.ErrUnavailable, errConflict, resource)
+	return nil, fmt.Errorf("%w: %w (resource %q); retry", etcdx.ErrUnavailable, errConflict, resource)
 }
 
 // readMark reads the resource's mark key, or ErrNoMark.

@@ -1,6 +1,12 @@
 // Package fence validates fencing tokens against the current holder of a
 // lock, linearizably, and keeps per-resource high-water marks so that a
 // protected resource can refuse stale writes.
+//
+// It is the coordinator's end of ValidateToken; the resource's end is the
+// public package fence (its Gate asks through a fence.TokenValidator). It
+// stands on internal/keyspace for its keys and input rules and on
+// internal/etcdx for etcd's errors and its private watch stream, not on
+// internal/lease: lease writes the queues, fence only reads them.
 package fence
 
 import (
@@ -13,7 +19,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/etcdx"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // Reason says why a token is or is not valid.
@@ -78,7 +85,7 @@ type Verdict struct {
 // Validator checks tokens against etcd.
 type Validator struct {
 	cli   *clientv3.Client
-	ks    lease.Keyspace
+	ks    keyspace.Keyspace
 	reads reads
 	view  atomic.Pointer[view] // set while Follow runs
 	// viewed and readBack count validations answered from the view and
@@ -114,11 +121,11 @@ func (v *Validator) FollowInBackground(log *slog.Logger) (stop func()) {
 }
 
 // New returns a Validator for the locks laid out by ks; marks live under
-// ks.Prefix()+"fence/", their per-identity counters under
-// ks.Prefix()+"markcounts/". Without WithMarkLimit, an identity may create
+// ks.Marks(), their per-identity counters at ks.MarkCount (the layout is
+// internal/keyspace's). Without WithMarkLimit, an identity may create
 // DefaultMarkLimit marks.
-func New(cli *clientv3.Client, ks lease.Keyspace, opts ...Option) *Validator {
-	v := &Validator{cli: cli, ks: ks, reads: reads{cli: cli, barrier: ks.Prefix() + "fence/barrier"}, markLimit: DefaultMarkLimit}
+func New(cli *clientv3.Client, ks keyspace.Keyspace, opts ...Option) *Validator {
+	v := &Validator{cli: cli, ks: ks, reads: reads{cli: cli, barrier: ks.Barrier()}, markLimit: DefaultMarkLimit}
 	for _, o := range opts {
 		o(v)
 	}
@@ -140,16 +147,16 @@ func New(cli *clientv3.Client, ks lease.Keyspace, opts ...Option) *Validator {
 // AsIdentity, WithMarkLimit): beyond it, a *TooManyMarksError, and nothing
 // is written.
 func (v *Validator) Validate(ctx context.Context, name string, token int64, resource string, opts ...ValidateOption) (Verdict, error) {
-	if err := lease.ValidateName("name", name, false); err != nil {
+	if err := keyspace.ValidateName("name", name, false); err != nil {
 		return Verdict{}, err
 	}
-	if err := lease.ValidateToken(token); err != nil {
+	if err := keyspace.ValidateToken(token); err != nil {
 		return Verdict{}, err
 	}
 	if resource == "" {
 		return v.validate(ctx, name, token)
 	}
-	if err := lease.ValidateName("resource", resource, false); err != nil {
+	if err := keyspace.ValidateName("resource", resource, false); err != nil {
 		return Verdict{}, err
 	}
 	var o validateOptions
@@ -170,7 +177,7 @@ func (v *Validator) Validate(ctx context.Context, name string, token int64, reso
 			lost++
 		}
 	}
-	return Verdict{}, fmt.Errorf("%w: %w (resource %q); retry", lease.ErrUnavailable, errConflict, resource)
+	return Verdict{}, fmt.Errorf("%w: %w (resource %q); retry", etcdx.ErrUnavailable, errConflict, resource)
 }
 
 // maxCreateAttempts bounds all attempts of one validation, creations
@@ -347,5 +354,5 @@ func (v *Validator) etcdErr(ctx context.Context, op string, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	return lease.Classify("fence: "+op, err)
+	return etcdx.Classify("fence: "+op, err)
 }

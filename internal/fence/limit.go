@@ -2,13 +2,13 @@ package fence
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"strconv"
 	"sync"
+
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // DefaultMarkLimit is how many marks one identity may create when New is
@@ -58,18 +58,14 @@ type validateOptions struct {
 // identity "", which all unauthenticated callers share.
 func AsIdentity(id string) ValidateOption { return func(o *validateOptions) { o.identity = id } }
 
-// identityHash is an identity's segment of the counter keys: a hash, so
-// that the key space holds no identity in clear and every segment is a
-// fixed-size, '/'-free string.
-func identityHash(id string) string {
-	sum := sha256.Sum256([]byte(id))
-	return hex.EncodeToString(sum[:])
-}
+// identityHash is an identity's segment of the counter keys
+// (keyspace.IdentityHash).
+func identityHash(id string) string { return keyspace.IdentityHash(id) }
 
 // countKey is the counter of the marks the identity with hash ih created
 // and that still exist: a decimal count, outside the marks' range so that
 // ListMarks never sees it.
-func (v *Validator) countKey(ih string) string { return v.ks.Prefix() + "markcounts/" + ih }
+func (v *Validator) countKey(ih string) string { return v.ks.MarkCount(ih) }
 
 // markCount is a read of one identity's counter.
 type markCount struct {

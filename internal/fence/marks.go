@@ -11,7 +11,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // Mark is a resource's high-water mark: the greatest token ValidateToken
@@ -94,15 +94,13 @@ func (e *MarkOwnedError) Error() string {
 // Is makes errors.Is(err, ErrMarkOwnedByOtherLock) true.
 func (e *MarkOwnedError) Is(target error) bool { return target == ErrMarkOwnedByOtherLock }
 
-func (v *Validator) marks() string { return v.ks.Prefix() + "fence/" }
+func (v *Validator) marks() string { return v.ks.Marks() }
 
-func (v *Validator) markKey(resource string) string {
-	return v.marks() + lease.EscapeName(resource)
-}
+func (v *Validator) markKey(resource string) string { return v.ks.Mark(resource) }
 
 // GetMark returns the resource's mark, or ErrNoMark.
 func (v *Validator) GetMark(ctx context.Context, resource string) (*Mark, error) {
-	if err := lease.ValidateName("resource", resource, false); err != nil {
+	if err := keyspace.ValidateName("resource", resource, false); err != nil {
 		return nil, err
 	}
 	r, err := v.cli.Get(ctx, v.markKey(resource))
@@ -119,31 +117,24 @@ func (v *Validator) GetMark(ctx context.Context, resource string) (*Mark, error)
 // ListMarks returns up to pageSize marks of resources whose names start with
 // prefix, in the byte order of the escaped names ('%' and '/' read as "%25"
 // and "%2F"), after the cursor pageToken, and the cursor of the next page
-// ("" on the last page). pageSize 0 means lease.DefaultPageSize; above
-// lease.MaxPageSize it is lease.MaxPageSize.
+// ("" on the last page). pageSize 0 means keyspace.DefaultPageSize; above
+// keyspace.MaxPageSize it is keyspace.MaxPageSize.
 func (v *Validator) ListMarks(ctx context.Context, prefix string, pageSize int, pageToken string) ([]Mark, string, error) {
-	if err := lease.ValidateName("prefix", prefix, true); err != nil {
+	if err := keyspace.ValidateName("prefix", prefix, true); err != nil {
 		return nil, "", err
 	}
-	switch {
-	case pageSize < 0:
-		return nil, "", lease.FieldErr("page_size", "must not be negative, got %d", pageSize)
-	case pageSize == 0:
-		pageSize = lease.DefaultPageSize
-	case pageSize > lease.MaxPageSize:
-		pageSize = lease.MaxPageSize
+	pageSize, err := keyspace.PageSize(pageSize)
+	if err != nil {
+		return nil, "", err
 	}
-	esc := lease.EscapeName(prefix)
+	esc := keyspace.Escape(prefix)
+	after, err := keyspace.DecodePageToken(pageToken, esc)
+	if err != nil {
+		return nil, "", err
+	}
 	base := v.marks() + esc
 	from := base
-	if pageToken != "" {
-		after, err := lease.DecodePageToken(pageToken)
-		if err != nil {
-			return nil, "", err
-		}
-		if !strings.HasPrefix(after, esc) {
-			return nil, "", lease.FieldErr("page_token", "belongs to another prefix; use it with the prefix of the call that returned it")
-		}
+	if after != "" {
 		from = v.marks() + after + "\x00"
 	}
 	// One more than a page tells whether another page follows.
@@ -155,10 +146,10 @@ func (v *Validator) ListMarks(ctx context.Context, prefix string, pageSize int, 
 	for _, kv := range r.Kvs {
 		if len(out) == pageSize {
 			last := strings.TrimPrefix(string(r.Kvs[pageSize-1].Key), v.marks())
-			return out, lease.EncodePageToken(last), nil
+			return out, keyspace.EncodePageToken(last), nil
 		}
 		seg := strings.TrimPrefix(string(kv.Key), v.marks())
-		out = append(out, decodeMark(lease.UnescapeName(seg), kv))
+		out = append(out, decodeMark(keyspace.Unescape(seg), kv))
 	}
 	return out, "", nil
 }

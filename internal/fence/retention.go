@@ -9,7 +9,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 var timeZero time.Time
@@ -44,14 +44,11 @@ type Sweep struct {
 // now is the sweeper's clock (time.Now outside tests).
 func (v *Validator) SweepMarks(ctx context.Context, now time.Time, retention time.Duration) (Sweep, error) {
 	var s Sweep
-	from, end := v.marks(), clientv3.GetPrefixRangeEnd(v.marks())
-	for {
-		r, err := v.cli.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(lease.DefaultPageSize))
-		if err != nil {
-			return s, v.etcdErr(ctx, "sweep marks", err)
-		}
-		for _, kv := range r.Kvs {
-			resource := lease.UnescapeName(strings.TrimPrefix(string(kv.Key), v.marks()))
+	// Each page at its own revision: the sweep writes between pages.
+	pages := keyspace.NewPager(v.cli, v.marks(), clientv3.GetPrefixRangeEnd(v.marks()), keyspace.DefaultPageSize)
+	for pages.Next(ctx) {
+		for _, kv := range pages.Page() {
+			resource := keyspace.Unescape(strings.TrimPrefix(string(kv.Key), v.marks()))
 			m := decodeMark(resource, kv)
 			if m.Token <= 0 || m.Lock == "" {
 				continue // not a mark (e.g. a foreign value): not ours to delete
@@ -61,11 +58,11 @@ func (v *Validator) SweepMarks(ctx context.Context, now time.Time, retention tim
 				return s, err
 			}
 		}
-		if !r.More || len(r.Kvs) == 0 {
-			return s, nil
-		}
-		from = string(r.Kvs[len(r.Kvs)-1].Key) + "\x00"
 	}
+	if err := pages.Err(); err != nil {
+		return s, v.etcdErr(ctx, "sweep marks", err)
+	}
+	return s, nil
 }
 
 // retain takes one mark one step along the retention rule. A lost race

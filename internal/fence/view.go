@@ -11,7 +11,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/metadata"
+
+	"github.com/coordinatord/coordinatord/internal/etcdx"
 )
 
 // view is a watch-fed copy of every lock queue's keys (their create
@@ -189,7 +190,7 @@ func queueOf(key string) string {
 // break (compaction, lost leader, member restart) start over.
 func (w *view) run(ctx context.Context, log *slog.Logger) error {
 	// A watch stream of its own: progress requests are answered per stream.
-	ctx = metadata.AppendToOutgoingContext(ctx, "coordinatord-watch", "fence-view")
+	ctx = etcdx.WithOwnWatchStream(ctx, "fence-view")
 	backoff := 50 * time.Millisecond
 	for ctx.Err() == nil {
 		err := w.follow(ctx)

@@ -3,6 +3,9 @@ package lease
 import (
 	"errors"
 	"fmt"
+
+	"github.com/coordinatord/coordinatord/internal/etcdx"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 var (
@@ -14,7 +17,7 @@ var (
 	ErrNotHeld = errors.New("lease: no live grant matches this name, token and handle; it expired or was released: stop working under the lock and acquire again")
 	// ErrUnavailable: etcd is unreachable or has no quorum; the operation
 	// may be retried.
-	ErrUnavailable = errors.New("lease: etcd unavailable")
+	ErrUnavailable = etcdx.ErrUnavailable
 	// ErrMaxHold: renewal refused because the grant reached its max hold;
 	// the lease is left to end.
 	ErrMaxHold = errors.New("lease: renewal refused: the grant reached its max hold; finish up, let it expire (or release it) and acquire again")
@@ -28,10 +31,7 @@ var (
 	// ErrStoreFull: etcd refused a write because its store reached its
 	// quota (etcd's NOSPACE alarm); writes fail until space is reclaimed
 	// and the alarm disarmed, reads go on. Retry later.
-	ErrStoreFull = errors.New("lease: etcd's store is full (its quota is reached, NOSPACE alarm) and refuses writes until space is reclaimed: " +
-		"the embedded etcd compacts, defragments and disarms by itself within seconds; an external cluster needs " +
-		"--auto-compaction-mode/--auto-compaction-retention, or an operator's compaction, defragmentation and `etcdctl alarm disarm`; " +
-		"if live data fills it, raise the quota (--quota-backend-bytes)")
+	ErrStoreFull = etcdx.ErrStoreFull
 )
 
 // errLateRenewal: the renewal reached etcd, but this replica saw its answer
@@ -57,13 +57,8 @@ func (e *NotGrantedError) Is(target error) bool { return target == ErrNotGranted
 
 // FieldError is bad input: Field names the request field, Reason says what
 // is wrong with it. Nothing is written to etcd when it is returned.
-type FieldError struct {
-	Field  string
-	Reason string
-}
-
-func (e *FieldError) Error() string { return fmt.Sprintf("%s: %s", e.Field, e.Reason) }
+type FieldError = keyspace.FieldError
 
 func fieldErr(field, format string, args ...any) error {
-	return &FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	return keyspace.FieldErr(field, format, args...)
 }

@@ -86,7 +86,7 @@ func (e *TooManyWaitersError) Is(target error) bool { return target == ErrTooMan
 const maxSlotRounds = 64
 
 // waiterSlots is the prefix of a lock's waiter slots.
-func (k Keyspace) waiterSlots(name string) string { return k.prefix + "slots/" + escape(name) + "/" }
+func (k Keyspace) waiterSlots(name string) string { return k.WaiterSlots(name) }
 
 // slotScope is one limited scope: the slot keys prefix+"0" to
 // prefix+"<size-1>", and the one a join is about to claim.

@@ -3,14 +3,15 @@ package lease
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/coordinatord/coordinatord/internal/etcdx"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // Defaults for Manager options.
@@ -132,7 +133,7 @@ func New(cli *clientv3.Client, opts ...Option) (*Manager, error) {
 }
 
 // Keyspace is the manager's key layout.
-func (m *Manager) Keyspace() Keyspace { return m.ks }
+func (m *Manager) Keyspace() keyspace.Keyspace { return m.ks.Keyspace }
 
 // Close ends every wait in progress (their queue keys are removed) and makes
 // later Acquires fail with ErrShuttingDown. It waits for the waits to end.
@@ -209,23 +210,6 @@ func (m *Manager) etcdErr(ctx context.Context, op string, err error) error {
 }
 
 // classify wraps the etcd errors that mean "etcd is unavailable, retry" in
-// ErrUnavailable, and etcd's "database space exceeded" in ErrStoreFull.
-func classify(op string, err error) error {
-	if errors.Is(err, rpctypes.ErrNoSpace) {
-		return fmt.Errorf("%w: %s: %v", ErrStoreFull, op, err)
-	}
-	for _, u := range []error{
-		rpctypes.ErrNoLeader, rpctypes.ErrLeaderChanged, rpctypes.ErrNotCapable,
-		rpctypes.ErrTimeout, rpctypes.ErrTimeoutDueToLeaderFail, rpctypes.ErrTimeoutDueToConnectionLost,
-		rpctypes.ErrTooManyRequests, rpctypes.ErrUnhealthy,
-		clientv3.ErrNoAvailableEndpoints, context.DeadlineExceeded,
-	} {
-		if errors.Is(err, u) {
-			return fmt.Errorf("%w: %s: %v", ErrUnavailable, op, err)
-		}
-	}
-	return fmt.Errorf("%s: %w", op, err)
-}
-
-// Classify is classify for sibling domain packages.
-func Classify(op string, err error) error { return classify(op, err) }
+// ErrUnavailable, and etcd's "database space exceeded" in ErrStoreFull
+// (etcdx.Classify).
+func classify(op string, err error) error { return etcdx.Classify(op, err) }

@@ -2,12 +2,12 @@ package lease
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // ErrTooManyLocks: the identity already holds or waits for as many locks as
@@ -40,13 +40,10 @@ func WithIdentity(id string) AcquireOption { return func(o *acquireOptions) { o.
 // identityHash is the index segment of an identity: a hash, so that the key
 // space holds no identity in clear and every identity is a fixed-size,
 // '/'-free segment.
-func identityHash(id string) string {
-	sum := sha256.Sum256([]byte(id))
-	return hex.EncodeToString(sum[:])
-}
+func identityHash(id string) string { return keyspace.IdentityHash(id) }
 
 // ownersOf is the prefix of the slots of the identity whose hash is ih.
-func (k Keyspace) ownersOf(ih string) string { return k.prefix + "owners/" + ih + "/" }
+func (k Keyspace) ownersOf(ih string) string { return k.Owners(ih) }
 
 // CountOwned counts the locks that identity holds or waits for, across
 // every replica sharing the key prefix: the live acquisitions made with

@@ -2,10 +2,11 @@ package lease
 
 import (
 	"context"
-	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // Holder is the current grant of a lock, as operators see it.
@@ -68,62 +69,46 @@ func (m *Manager) Describe(ctx context.Context, name string) (*Description, erro
 
 // Page limits of List.
 const (
-	DefaultPageSize = 100
-	MaxPageSize     = 1000
+	DefaultPageSize = keyspace.DefaultPageSize
+	MaxPageSize     = keyspace.MaxPageSize
 	listBatch       = 512
 )
 
 // List returns up to pageSize holders of locks whose names start with
 // prefix, in etcd key order (see the List RPC), after the cursor pageToken, and the
-// cursor of the next page ("" on the last page).
+// cursor of the next page ("" on the last page). The queues are read at one
+// revision.
 func (m *Manager) List(ctx context.Context, prefix string, pageSize int, pageToken string) ([]Holder, string, error) {
 	if err := ValidateName("prefix", prefix, true); err != nil {
 		return nil, "", err
 	}
-	switch {
-	case pageSize < 0:
-		return nil, "", fieldErr("page_size", "must not be negative, got %d", pageSize)
-	case pageSize == 0:
-		pageSize = DefaultPageSize
-	case pageSize > MaxPageSize:
-		pageSize = MaxPageSize
+	pageSize, err := keyspace.PageSize(pageSize)
+	if err != nil {
+		return nil, "", err
+	}
+	after, err := keyspace.DecodePageToken(pageToken, escape(prefix))
+	if err != nil {
+		return nil, "", err
 	}
 	base := m.ks.locks() + escape(prefix)
 	from := base
-	if pageToken != "" {
-		after, err := decodePageToken(pageToken)
-		if err != nil {
-			return nil, "", err
-		}
-		if !strings.HasPrefix(after, escape(prefix)) {
-			return nil, "", fieldErr("page_token", "belongs to another prefix; use it with the prefix of the call that returned it")
-		}
+	if after != "" {
 		from = m.ks.locks() + after + "0" // "0" sorts right after "/": skip that name's keys
 	}
-	end := clientv3.GetPrefixRangeEnd(base)
 
 	var (
 		out  []Holder
 		cur  string // escaped name of the group being read
 		best *holderKV
-		rev  int64
 	)
 	flush := func() {
 		if best != nil {
 			out = append(out, best.holder(unescape(cur)))
 		}
 	}
-	for {
-		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(listBatch)}
-		if rev != 0 {
-			opts = append(opts, clientv3.WithRev(rev))
-		}
-		r, err := m.cli.Get(ctx, from, opts...)
-		if err != nil {
-			return nil, "", m.etcdErr(ctx, "list", err)
-		}
-		rev = r.Header.Revision
-		for _, kv := range r.Kvs {
+	pages := keyspace.NewPager(m.cli, from, clientv3.GetPrefixRangeEnd(base), listBatch, keyspace.OneRevision())
+	for pages.Next(ctx) {
+		for _, kv := range pages.Page() {
 			n, ok := m.ks.nameOf(string(kv.Key))
 			if !ok {
 				continue
@@ -140,12 +125,12 @@ func (m *Manager) List(ctx context.Context, prefix string, pageSize int, pageTok
 				best = &holderKV{rev: kv.CreateRevision, value: kv.Value}
 			}
 		}
-		if !r.More || len(r.Kvs) == 0 {
-			flush()
-			return out, "", nil
-		}
-		from = string(r.Kvs[len(r.Kvs)-1].Key) + "\x00"
 	}
+	if err := pages.Err(); err != nil {
+		return nil, "", m.etcdErr(ctx, "list", err)
+	}
+	flush()
+	return out, "", nil
 }
 
 type holderKV struct {

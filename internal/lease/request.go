@@ -31,7 +31,7 @@ var ErrRequestIDReused = errors.New("lease: request_id reused with different par
 func (k Keyspace) request(identity, name, requestID string) string {
 	h := sha256.New()
 	writeFields(h, "coordinatord/request/v2", identity, requestID)
-	return k.prefix + "requests/" + escape(name) + "/" + hex.EncodeToString(h.Sum(nil))
+	return k.Request(name, hex.EncodeToString(h.Sum(nil)))
 }
 
 // requestRecord is the value of an idempotency record.
