@@ -63,7 +63,7 @@ func (d *Daemon) etcdClientConfig() (clientv3.Config, error) {
 // revision; an external etcd that has never compacted is reported.
 func (d *Daemon) probeEtcd(ctx context.Context) error {
 	cli := d.coord.Etcd()
-	d.probeKey = d.coord.Leases().Keyspace().Prefix() + "readyz"
+	d.probeKey = d.coord.Leases().Keyspace().Readyz()
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	probe, err := cli.Get(pctx, d.probeKey, clientv3.WithCountOnly())
 	cancel()

@@ -43,7 +43,7 @@ func (m *Manager) markerLease(ctx context.Context) (clientv3.LeaseID, error) {
 
 // ended is the key whose value, at the revision a grant ended, says how:
 // "<released|forced>:<token>".
-func (k Keyspace) ended(name string) string { return k.prefix + "ended/" + escape(name) }
+func (k Keyspace) ended(name string) string { return k.Ended(name) }
 
 // endAt says how the grant of name with token ended at revision rev.
 func (m *Manager) endAt(ctx context.Context, name string, token, rev int64) EndReason {

@@ -22,17 +22,12 @@ const (
 // with the unexported spellings of its keys the lease files use.
 type Keyspace struct {
 	keyspace.Keyspace
-	// prefix is Prefix(), for ended, the one key method still spelled
-	// beside its user (recycle.go, being split); its keyspace twin is
-	// Ended, which TestKeyMethodsAgreeWithKeyspace checks it agrees with.
-	prefix string
 }
 
 // NewKeyspace returns the layout under prefix; a missing trailing "/" is
 // added. An empty prefix means "/coordinatord/".
 func NewKeyspace(prefix string) Keyspace {
-	k := keyspace.New(prefix)
-	return Keyspace{Keyspace: k, prefix: k.Prefix()}
+	return Keyspace{Keyspace: keyspace.New(prefix)}
 }
 
 func (k Keyspace) locks() string { return k.Locks() }
