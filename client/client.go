@@ -24,6 +24,14 @@
 // Heartbeats (KeepAlive) run every third of (TTL - margin), with ±10%
 // jitter; a failed heartbeat is retried with jittered exponential backoff
 // until it succeeds or safe_until passes.
+//
+// Beside Acquire, the SDK has the whole API for tools and operators (it is
+// all coordctl uses): AcquireGrant, a grant nothing renews, renewed and
+// released by its GrantRef (KeepAlive, Release) from any process;
+// ValidateToken; Describe; List and Pages over the held locks; Watch;
+// ForceRelease; and sessions (OpenSession), one lease for many locks. Each
+// call retries UNAVAILABLE as Acquire does when a retry is safe, and says
+// so; its other errors are gRPC status errors.
 package client
 
 import (

@@ -62,13 +62,15 @@ type WatchEvent struct {
 }
 
 // WatchOption configures a Watch.
-type WatchOption func(*coordinatorv1.WatchRequest)
+type WatchOption func(*watchOptions)
+
+type watchOptions struct{ startRevision int64 }
 
 // WithStartRevision resumes a watch from revision rev (the last revision
 // seen + 1) instead of starting with the current state. History the
 // coordinator has compacted answers OUT_OF_RANGE.
 func WithStartRevision(rev int64) WatchOption {
-	return func(r *coordinatorv1.WatchRequest) { r.StartRevision = rev }
+	return func(o *watchOptions) { o.startRevision = rev }
 }
 
 // Watcher is an open watch of one lock. It is not safe for concurrent use.
@@ -81,10 +83,11 @@ type Watcher struct {
 // then every change in order. The watch lasts until ctx ends or Close. It
 // does not retry: after an error, watch again WithStartRevision.
 func (c *Client) Watch(ctx context.Context, name string, opts ...WatchOption) (*Watcher, error) {
-	req := &coordinatorv1.WatchRequest{Name: name}
+	o := watchOptions{}
 	for _, opt := range opts {
-		opt(req)
+		opt(&o)
 	}
+	req := &coordinatorv1.WatchRequest{Name: name, StartRevision: o.startRevision}
 	ctx, cancel := context.WithCancel(ctx)
 	stream, err := c.lc.Watch(ctx, req)
 	if err != nil {
