@@ -59,7 +59,23 @@ func runExec(x *call[execLine]) (int, error) {
 		return sigs.code, nil
 	}
 	defer signal.Stop(sigs.c)
-	return supervise(x, lock, sigs.c), nil
+	end := supervise(x, lock, sigs.c)
+	if end.release {
+		x.release(lock)
+	}
+	if end.startErr != nil {
+		fmt.Fprintf(x.stderr, "%s: %v\n", x.name, end.startErr)
+	}
+	return end.code, nil
+}
+
+// ending is how supervise ended: coordctl's exit code, whether the lock is
+// still held and must be released (COMMAND exited, or never started), and
+// why COMMAND did not start.
+type ending struct {
+	code     int
+	release  bool
+	startErr error
 }
 
 // handover is what acquireForExec hands to supervise: the signals caught
@@ -105,11 +121,9 @@ func acquireForExec(x *call[execLine]) (*client.Lock, handover, error) {
 	return lock, handover{c: sigs}, nil
 }
 
-// supervise runs COMMAND in its own process group with the lock in its
-// environment, forwards sigs to the group, and terminates it if the lock
-// is lost; when COMMAND exits under a lock still held, it releases the
-// lock. It returns coordctl's exit code.
-func supervise(x *call[execLine], lock *client.Lock, sigs <-chan os.Signal) int {
+// startCommand starts COMMAND in its own process group with the lock in
+// its environment.
+func startCommand(x *call[execLine], lock *client.Lock) (*exec.Cmd, error) {
 	argv := x.f.argv
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(),
@@ -123,13 +137,20 @@ func supervise(x *call[execLine], lock *client.Lock, sigs <-chan os.Signal) int 
 	}
 	// Its own process group: a lost lock stops every process COMMAND started.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		x.release(lock)
-		fmt.Fprintf(x.stderr, "%s: %v\n", x.name, err)
+	return cmd, cmd.Start()
+}
+
+// supervise starts COMMAND, forwards sigs to its process group, and
+// terminates the group if the lock is lost (SIGTERM, then SIGKILL after
+// --grace), until COMMAND exits.
+func supervise(x *call[execLine], lock *client.Lock, sigs <-chan os.Signal) ending {
+	cmd, err := startCommand(x, lock)
+	if err != nil {
+		code := 126 // found, but not runnable
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return 127
+			code = 127
 		}
-		return 126
+		return ending{code: code, release: true, startErr: err}
 	}
 	pgid := cmd.Process.Pid
 	waited := make(chan error, 1)
@@ -152,14 +173,13 @@ func supervise(x *call[execLine], lock *client.Lock, sigs <-chan os.Signal) int 
 				// COMMAND's leader is gone; give the rest of its group
 				// what remains of the grace, then kill it.
 				x.reapGroup(pgid, killTimer)
-				return exitLost
+				return ending{code: exitLost}
 			}
 			if lock.Err() != nil { // lost in the same instant: the command may have worked unprotected
 				fmt.Fprintf(x.stderr, "%s: the lock %q was lost as COMMAND exited: %v\n", x.name, lock.Name(), field(lock.Err().Error()))
-				return exitLost
+				return ending{code: exitLost}
 			}
-			x.release(lock)
-			return childExitCode(err)
+			return ending{code: childExitCode(err), release: true}
 		case s := <-sigs:
 			_ = syscall.Kill(-pgid, s.(syscall.Signal))
 		case <-lost:
