@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -35,6 +36,17 @@ type Grant struct {
 	AcquiredAt time.Time
 	// Resumed: this answers a retry of an acquisition already granted.
 	Resumed bool
+}
+
+// String shows the grant without its handle, so that a GrantRef printed
+// or logged by mistake does not give the secret away.
+func (r GrantRef) String() string {
+	return fmt.Sprintf("grant of %q, token %d (handle hidden)", r.Name, r.Token)
+}
+
+// String shows the grant without its handle (see GrantRef.String).
+func (g Grant) String() string {
+	return fmt.Sprintf("%v, TTL %v, expires at %s", g.GrantRef, g.TTL, g.ExpiresAt.Format(time.RFC3339Nano))
 }
 
 // Renewal is the answer of a renewal, in the coordinator's clock.

@@ -3,6 +3,7 @@ package client_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,6 +22,11 @@ func TestGrantByRef(t *testing.T) {
 	}
 	if g.Token <= 0 || g.Handle == "" || g.TTL != 5*time.Second || g.ExpiresAt.IsZero() || g.SafeUntil.IsZero() || g.AcquiredAt.IsZero() {
 		t.Fatalf("grant %+v", g)
+	}
+	for _, shown := range []string{fmt.Sprint(g), fmt.Sprintf("%+v", g), fmt.Sprint(g.GrantRef), fmt.Sprintf("%v", &g)} {
+		if strings.Contains(shown, g.Handle) {
+			t.Fatalf("a printed grant shows its handle: %s", shown)
+		}
 	}
 	_, err = c.AcquireGrant(ctx, "t/byref", client.WithWait(0))
 	var held *client.HeldError
@@ -144,6 +150,9 @@ func TestSessionAcquiresOnce(t *testing.T) {
 	}
 	if _, err := s.Acquire(ctx, "t/session"); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("second Acquire of one name in a session: %v, want FAILED_PRECONDITION", err)
+	}
+	if shown := fmt.Sprintf("%v %+v", s, s); strings.Contains(shown, s.Handle) {
+		t.Fatalf("a printed session shows its handle: %s", shown)
 	}
 	if closed, released, err := s.Close(ctx); !closed || len(released) != 1 || err != nil {
 		t.Fatalf("Close: %v %v %v", closed, released, err)

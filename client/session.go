@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -24,6 +25,11 @@ type Session struct {
 	// Grant, as of the opening.
 	TTL                  time.Duration
 	ExpiresAt, SafeUntil time.Time
+}
+
+// String shows the session without its handle.
+func (s *Session) String() string {
+	return fmt.Sprintf("session of lease %x, TTL %v (handle hidden)", s.LeaseID, s.TTL)
 }
 
 type sessionOptions struct {

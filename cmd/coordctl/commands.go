@@ -15,7 +15,7 @@ import (
 
 // commands is coordctl's table: every command, in the order of the help.
 // Each entry says how its command line reads and which SDK calls it makes
-// (run), then how it shows the answer (print, in output.go and below).
+// (run), then how it shows the answer (print, in print.go and below).
 var commands = []command{
 	{name: "acquire", spec: spec[acquireLine, client.Grant]{
 		synopsis: "NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--max-hold D]",
