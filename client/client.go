@@ -24,26 +24,29 @@
 // Heartbeats (KeepAlive) run every third of (TTL - margin), with ±10%
 // jitter; a failed heartbeat is retried with jittered exponential backoff
 // until it succeeds or safe_until passes.
+//
+// Beside Acquire, the SDK has the whole API for tools and operators (it is
+// all coordctl uses): AcquireGrant, a grant nothing renews, renewed and
+// released by its GrantRef (KeepAlive, Release) from any process;
+// ValidateToken; Describe; List and Pages over the held locks; Watch;
+// ForceRelease; and sessions (OpenSession), one lease for many locks. Each
+// call retries UNAVAILABLE as Acquire does when a retry is safe, and says
+// so; its other errors are gRPC status errors.
 package client
 
 import (
 	"context"
-	cryptorand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"sync"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 )
@@ -257,157 +260,6 @@ func (c *Client) retry(ctx context.Context, f func(context.Context) error) error
 	}
 }
 
-type acquireOptions struct {
-	ttl       time.Duration
-	wait      *time.Duration
-	owner     string
-	requestID string
-	maxHold   time.Duration
-	lockDelay time.Duration
-}
-
-// AcquireOption configures one Acquire.
-type AcquireOption func(*acquireOptions)
-
-// WithTTL asks for a lease TTL (default: the coordinator's, 15s out of the
-// box); the coordinator rounds it up to a whole second.
-func WithTTL(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.ttl = d } }
-
-// WithWait bounds the wait in the queue; 0 tries once. Without it, Acquire
-// waits until ctx ends.
-func WithWait(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.wait = &d } }
-
-// WithOwner describes the caller (host, pod, job) for Describe and List.
-func WithOwner(s string) AcquireOption { return func(o *acquireOptions) { o.owner = s } }
-
-// WithRequestID sets the idempotency key of the acquisition (default: 128
-// random bits, new for each Acquire call). Every retry of this Acquire sends
-// the same key, so a grant whose answer was lost is returned, not doubled.
-func WithRequestID(id string) AcquireOption { return func(o *acquireOptions) { o.requestID = id } }
-
-// WithMaxHold bounds how long the lock can be renewed (default: the
-// coordinator's cap, --max-hold). Past acquisition + maxHold the coordinator
-// refuses renewals and the Lock reports ErrLost.
-func WithMaxHold(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.maxHold = d } }
-
-// WithLockDelay asks that, if this grant ends involuntarily (expiry, forced
-// release), nobody be granted the lock for d afterwards; a Release never
-// delays. Default: no delay.
-func WithLockDelay(d time.Duration) AcquireOption { return func(o *acquireOptions) { o.lockDelay = d } }
-
-func newRequestID() string {
-	var b [16]byte
-	_, _ = cryptorand.Read(b[:]) // never fails (crypto/rand)
-	return hex.EncodeToString(b[:])
-}
-
-// Acquire waits for the lock name and returns it held, with heartbeats
-// running. It retries UNAVAILABLE answers with jittered exponential backoff,
-// always with the same request id, until ctx ends. When the lock is not
-// granted within WithWait, the error is a *HeldError (errors.Is ErrLockHeld);
-// other errors are gRPC status errors (INVALID_ARGUMENT, DEADLINE_EXCEEDED,
-// ...), or ErrClosed.
-func (c *Client) Acquire(ctx context.Context, name string, opts ...AcquireOption) (*Lock, error) {
-	o := acquireOptions{}
-	for _, opt := range opts {
-		opt(&o)
-	}
-	if o.requestID == "" {
-		o.requestID = newRequestID()
-	}
-	req := &coordinatorv1.AcquireRequest{Name: name, Owner: o.owner, RequestId: o.requestID}
-	if o.ttl != 0 {
-		req.Ttl = durationpb.New(o.ttl)
-	}
-	if o.wait != nil {
-		req.Wait = durationpb.New(*o.wait)
-	}
-	if o.maxHold != 0 {
-		req.MaxHold = durationpb.New(o.maxHold)
-	}
-	if o.lockDelay != 0 {
-		req.LockDelay = durationpb.New(o.lockDelay)
-	}
-	if c.isClosed() {
-		return nil, ErrClosed
-	}
-	var (
-		resp     *coordinatorv1.AcquireResponse
-		first    time.Time
-		attempts int
-	)
-	err := c.retry(ctx, func(ctx context.Context) error {
-		if attempts == 0 {
-			first = time.Now()
-		}
-		attempts++
-		var err error
-		resp, err = c.lc.Acquire(ctx, req)
-		return err
-	})
-	if err != nil {
-		if status.Code(err) == codes.Aborted {
-			return nil, &HeldError{Name: name, HolderToken: holderToken(err), err: err}
-		}
-		return nil, err
-	}
-	ttl := resp.GetTtl().AsDuration()
-	l := &Lock{
-		c: c, name: name, token: resp.GetToken(), handle: resp.GetHandle(), ttl: ttl,
-		margin: c.margin(ttl), done: make(chan struct{}), exited: make(chan struct{}),
-	}
-	// The lease ends no earlier than the first send plus the TTL: a grant
-	// (or the refresh at the end of a wait) happens after that.
-	l.safeUntil = first.Add(ttl - l.margin)
-	if !c.track(l) {
-		l.releaseRPC(context.Background())
-		return nil, ErrClosed
-	}
-	// After a long wait (or a retry), that bound may be close: confirm the
-	// grant with a renewal before handing it out.
-	if time.Since(first) > l.interval() {
-		if err := l.confirm(ctx); err != nil {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-			l.end(rctx, err)
-			cancel()
-			return nil, fmt.Errorf("client: lock %q granted (token %d) but not confirmed: %w", name, l.token, err)
-		}
-	}
-	ctx, stop := context.WithCancel(c.root)
-	l.stop = stop
-	go l.heartbeat(ctx)
-	return l, nil
-}
-
-// TryAcquire is Acquire that does not wait: a held lock answers a
-// *HeldError (errors.Is ErrLockHeld) at once.
-func (c *Client) TryAcquire(ctx context.Context, name string, opts ...AcquireOption) (*Lock, error) {
-	return c.Acquire(ctx, name, append(opts, WithWait(0))...)
-}
-
-// Verdict is the answer of ValidateToken.
-type Verdict struct {
-	Valid        bool
-	Reason       coordinatorv1.ValidateTokenResponse_Reason
-	CurrentToken int64
-}
-
-// ValidateToken asks whether token is the current holder's for the lock
-// name and, with a resource, not below the resource's high-water mark (a
-// valid answer advances the mark). UNAVAILABLE is retried until ctx ends.
-func (c *Client) ValidateToken(ctx context.Context, name string, token int64, resource string) (Verdict, error) {
-	var resp *coordinatorv1.ValidateTokenResponse
-	err := c.retry(ctx, func(ctx context.Context) error {
-		var err error
-		resp, err = c.lc.ValidateToken(ctx, &coordinatorv1.ValidateTokenRequest{Name: name, Token: token, Resource: resource})
-		return err
-	})
-	if err != nil {
-		return Verdict{}, err
-	}
-	return Verdict{Valid: resp.GetValid(), Reason: resp.GetReason(), CurrentToken: resp.GetCurrentToken()}, nil
-}
-
 func (c *Client) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -428,16 +280,4 @@ func (c *Client) untrack(l *Lock) {
 	c.mu.Lock()
 	delete(c.locks, l)
 	c.mu.Unlock()
-}
-
-// holderToken reads the LOCK_HELD ErrorInfo of an ABORTED Acquire.
-func holderToken(err error) int64 {
-	st, _ := status.FromError(err)
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == "LOCK_HELD" {
-			n, _ := strconv.ParseInt(info.GetMetadata()["holder_token"], 10, 64)
-			return n
-		}
-	}
-	return 0
 }

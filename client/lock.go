@@ -10,17 +10,13 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 )
 
 // Lock is a held lock. Its heartbeat runs until Release, Client.Close or
 // the loss of the lock; then Done is closed and Err says why.
 type Lock struct {
 	c      *Client
-	name   string
-	token  int64
-	handle string
+	ref    GrantRef
 	ttl    time.Duration
 	margin time.Duration
 
@@ -36,11 +32,11 @@ type Lock struct {
 }
 
 // Name is the lock's name.
-func (l *Lock) Name() string { return l.name }
+func (l *Lock) Name() string { return l.ref.Name }
 
 // Token is the grant's fencing token: send it with every write to a
 // protected resource.
-func (l *Lock) Token() int64 { return l.token }
+func (l *Lock) Token() int64 { return l.ref.Token }
 
 // TTL is the lease TTL the coordinator granted.
 func (l *Lock) TTL() time.Duration { return l.ttl }
@@ -123,17 +119,10 @@ func (l *Lock) end(ctx context.Context, reason error) error {
 			<-l.exited
 		}
 		l.lose(reason)
-		l.endErr = l.releaseRPC(ctx)
+		_, l.endErr = l.c.Release(ctx, l.ref)
 		l.c.untrack(l)
 	})
 	return l.endErr
-}
-
-func (l *Lock) releaseRPC(ctx context.Context) error {
-	return l.c.retry(ctx, func(ctx context.Context) error {
-		_, err := l.c.lc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: l.name, Token: l.token, Handle: l.handle})
-		return err
-	})
 }
 
 // interval is the heartbeat period: a third of (TTL - margin), ±10%.
@@ -146,7 +135,7 @@ func (l *Lock) interval() time.Duration {
 // moment it was sent. ErrLost when the coordinator says the grant is gone.
 func (l *Lock) renew(ctx context.Context) error {
 	sent := time.Now()
-	resp, err := l.c.lc.KeepAlive(ctx, &coordinatorv1.KeepAliveRequest{Name: l.name, Token: l.token, Handle: l.handle})
+	resp, err := l.c.keepAlive(ctx, l.ref)
 	switch status.Code(err) {
 	case codes.OK:
 		l.extend(sent.Add(resp.GetTtl().AsDuration() - l.margin))
@@ -203,5 +192,5 @@ func (l *Lock) heartbeat(ctx context.Context) {
 func (l *Lock) abandon(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 	defer cancel()
-	_, _ = l.c.lc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: l.name, Token: l.token, Handle: l.handle})
+	_, _ = l.c.releaseOnce(ctx, l.ref)
 }

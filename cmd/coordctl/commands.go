@@ -2,464 +2,254 @@ package main
 
 import (
 	"context"
-	cryptorand "crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"os"
-	"os/signal"
-	"strconv"
-	"syscall"
-	"time"
+	"strings"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
-	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/client"
 )
 
-// optDuration is a duration flag that knows whether it was set.
-type optDuration struct {
-	d   time.Duration
-	set bool
+// commands is coordctl's table: every command, in the order of the help.
+// Each entry says how its command line reads and which SDK calls it makes
+// (run), then how it shows the answer (print, in print.go and below).
+var commands = []command{
+	{name: "acquire", spec: spec[acquireLine, client.Grant]{
+		synopsis: "NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--max-hold D]",
+		examples: "  coordctl acquire reports/nightly --ttl 30s --owner host-a\n  coordctl -o json acquire reports/nightly --wait 0s\n",
+		minArgs:  1, maxArgs: 1,
+		flags: func(fs *flag.FlagSet, f *acquireLine) { f.lock.register(fs) },
+		args:  func(_ *env, pos []string, f *acquireLine) int { f.name = pos[0]; return -1 },
+		run:   runAcquire,
+		print: printGrant,
+	}},
+	{name: "release", spec: spec[grantLine, bool]{
+		synopsis: grantSynopsis, extraHelp: handleHelp,
+		examples: "  coordctl release reports/nightly 2 --handle-file nightly.handle\n  COORDCTL_HANDLE=$HANDLE coordctl release reports/nightly 2\n  printf '%s' \"$HANDLE\" | coordctl release reports/nightly 2 --handle-file -\n",
+		minArgs:  2, maxArgs: 3,
+		flags: func(fs *flag.FlagSet, f *grantLine) { f.register(fs) },
+		args:  func(e *env, pos []string, f *grantLine) int { return f.parse(e, pos) },
+		run: func(x *call[grantLine]) (bool, error) {
+			ctx, cancel := x.bounded()
+			defer cancel()
+			return x.c.Release(ctx, x.f.ref)
+		},
+		print: func(x *call[grantLine], released bool) int {
+			return x.printReleased(x.f.ref.Name, x.f.ref.Token, released)
+		},
+	}},
+	{name: "keepalive", spec: spec[grantLine, client.Renewal]{
+		synopsis: grantSynopsis, extraHelp: handleHelp,
+		examples: "  coordctl keepalive reports/nightly 2 --handle-file nightly.handle\n  COORDCTL_HANDLE=$HANDLE coordctl keepalive reports/nightly 2\n",
+		minArgs:  2, maxArgs: 3,
+		flags: func(fs *flag.FlagSet, f *grantLine) { f.register(fs) },
+		args:  func(e *env, pos []string, f *grantLine) int { return f.parse(e, pos) },
+		run: func(x *call[grantLine]) (client.Renewal, error) {
+			ctx, cancel := x.bounded()
+			defer cancel()
+			return x.c.KeepAlive(ctx, x.f.ref)
+		},
+		print: printRenewal,
+	}},
+	{name: "validate", spec: spec[validateLine, client.Verdict]{
+		synopsis: "NAME TOKEN [--resource R]",
+		examples: "  coordctl validate reports/nightly 2\n  coordctl -o json validate reports/nightly 2 --resource s3/reports\n",
+		minArgs:  2, maxArgs: 2,
+		flags: func(fs *flag.FlagSet, f *validateLine) {
+			fs.StringVar(&f.resource, "resource", "", "protected resource: also check (and raise) its high-water mark")
+		},
+		args: func(e *env, pos []string, f *validateLine) int { return f.parse(e, pos) },
+		run: func(x *call[validateLine]) (client.Verdict, error) {
+			ctx, cancel := x.bounded()
+			defer cancel()
+			return x.c.ValidateToken(ctx, x.f.name, x.f.token, x.f.resource)
+		},
+		print: printVerdict,
+	}},
+	{name: "describe", spec: spec[string, client.Description]{
+		synopsis: "NAME",
+		examples: "  coordctl describe reports/nightly\n",
+		minArgs:  1, maxArgs: 1,
+		args: func(_ *env, pos []string, name *string) int { *name = pos[0]; return -1 },
+		run: func(x *call[string]) (client.Description, error) {
+			ctx, cancel := x.bounded()
+			defer cancel()
+			return x.c.Describe(ctx, *x.f)
+		},
+		print: printDescription,
+	}},
+	{name: "list", spec: spec[string, []client.Holder]{
+		synopsis: "[PREFIX]",
+		examples: "  coordctl list\n  coordctl -o json list reports/\n",
+		minArgs:  0, maxArgs: 1,
+		args:  func(_ *env, pos []string, prefix *string) int { *prefix = optional(pos); return -1 },
+		run:   func(x *call[string]) ([]client.Holder, error) { return listHolders(x, *x.f) },
+		print: printHolders,
+	}},
+	{name: "watch", spec: spec[watchLine, watchStream]{
+		synopsis: "NAME [--count N] [--start-revision REV]",
+		examples: "  coordctl watch reports/nightly\n  coordctl -o json watch reports/nightly --start-revision 42\n",
+		minArgs:  1, maxArgs: 1,
+		flags: func(fs *flag.FlagSet, f *watchLine) {
+			fs.IntVar(&f.count, "count", 0, "stop after this many events, the current state included (0: until Ctrl-C)")
+			fs.Int64Var(&f.from, "start-revision", 0, "resume from this revision (the last one seen + 1); 0: start with the current state")
+		},
+		args:  func(_ *env, pos []string, f *watchLine) int { f.name = pos[0]; return -1 },
+		run:   runWatch,
+		print: printWatch,
+	}},
+	{name: "force-release", spec: spec[nameToken, bool]{
+		synopsis: "NAME TOKEN",
+		examples: "  coordctl force-release reports/nightly 2\n",
+		minArgs:  2, maxArgs: 2,
+		args: func(e *env, pos []string, f *nameToken) int { return f.parse(e, pos) },
+		run: func(x *call[nameToken]) (bool, error) {
+			ctx, cancel := x.bounded()
+			defer cancel()
+			return x.c.ForceRelease(ctx, x.f.name, x.f.token)
+		},
+		print: func(x *call[nameToken], released bool) int { return x.printReleased(x.f.name, x.f.token, released) },
+	}},
+	{name: "exec", spec: spec[execLine, int]{
+		synopsis: execSynopsis,
+		examples: "  coordctl exec jobs/backup --ttl 10s -- ./backup.sh\n  coordctl exec jobs/backup --wait 0s --grace 30s -- sh -c 'backup --fence-token \"$COORDINATOR_TOKEN\"'\n",
+		minArgs:  1, trailing: true,
+		flags: func(fs *flag.FlagSet, f *execLine) { f.register(fs) },
+		args:  func(e *env, pos []string, f *execLine) int { return f.parse(e, pos) },
+		run:   runExec,
+		print: func(_ *call[execLine], code int) int { return code },
+	}},
+	// The completion script's source of lock names (not in the help).
+	{name: "__names", hidden: true, spec: spec[string, []client.Holder]{
+		synopsis: "[PREFIX]",
+		minArgs:  0, maxArgs: 1,
+		args:  func(_ *env, pos []string, prefix *string) int { *prefix = optional(pos); return -1 },
+		run:   func(x *call[string]) ([]client.Holder, error) { return listHolders(x, *x.f) },
+		print: printNames,
+	}},
 }
 
-func (o *optDuration) String() string {
-	if o == nil || !o.set {
-		return ""
+// lookup finds the command args[0], nil if there is none.
+func lookup(args []string) *command {
+	if len(args) != 1 {
+		return nil
 	}
-	return o.d.String()
-}
-
-func (o *optDuration) Set(s string) error {
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return err
+	for i := range commands {
+		if commands[i].name == args[0] {
+			return &commands[i]
+		}
 	}
-	o.d, o.set = d, true
 	return nil
 }
 
-// lockFlags are the flags of acquire and exec.
-type lockFlags struct {
-	ttl       time.Duration
-	wait      optDuration
-	owner     string
-	lockDelay time.Duration
-	maxHold   time.Duration
+// acquireLine is the command line of acquire.
+type acquireLine struct {
+	name string
+	lock lockFlags
 }
 
-func (l *lockFlags) register(fs *flag.FlagSet) {
-	fs.DurationVar(&l.ttl, "ttl", 0, "lease TTL, whole seconds (default: the server's, 15s out of the box)")
-	fs.Var(&l.wait, "wait", "how long to wait in the queue; 0s: try once (default: until Ctrl-C, at most the server's -max-wait)")
-	fs.StringVar(&l.owner, "owner", defaultOwner(), "who holds the lock, shown by describe and list")
-	fs.DurationVar(&l.lockDelay, "lock-delay", 0, "keep the lock from everyone for this long if this grant ends without a release (expiry, force-release)")
-	fs.DurationVar(&l.maxHold, "max-hold", 0, "refuse renewals past acquisition + this (default: the server's -max-hold)")
+// runAcquire acquires the lock once, with nothing to renew it: the grant
+// is printed for a script to keep alive or release. Without --wait it waits
+// until Ctrl-C, after --timeout for the connection; with --wait, for
+// --wait + --timeout. The SDK sends one request id with every retry, so a
+// retry never makes a second grant.
+func runAcquire(x *call[acquireLine]) (client.Grant, error) {
+	ctx := x.interruptible()
+	if x.f.lock.wait.set {
+		var cancel context.CancelFunc
+		ctx, cancel = x.boundedBy(ctx, max(x.f.lock.wait.d, 0))
+		defer cancel()
+	} else if err := x.waitReady(ctx, x.cc); err != nil {
+		return client.Grant{}, err
+	}
+	g, err := x.c.AcquireGrant(ctx, x.f.name, x.f.lock.options()...)
+	if held := (*client.HeldError)(nil); errors.As(err, &held) {
+		err = held.Unwrap() // the server's ABORTED, as acquire has always shown it
+	}
+	return g, err
 }
 
-func defaultOwner() string {
-	host, _ := os.Hostname()
-	return fmt.Sprintf("coordctl@%s pid %d", host, os.Getpid())
-}
-
-func newRequestID() string {
-	var b [16]byte
-	_, _ = cryptorand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
-// signalContext is cancelled by SIGINT or SIGTERM.
-func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-}
-
-func parseToken(e *env, s string) (int64, int) {
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 {
-		fmt.Fprintf(e.stderr, "%s: TOKEN %q: want a positive integer\n", e.name, s)
-		return 0, exitUsage
-	}
-	return n, -1
-}
-
-// grant is an acquired (or renewed) grant in JSON output.
-type grant struct {
-	Name       string     `json:"name"`
-	Token      int64      `json:"token"`
-	Handle     string     `json:"handle,omitempty"`
-	LeaseID    int64      `json:"lease_id,omitempty"`
-	TTL        string     `json:"ttl"`
-	ExpiresAt  *time.Time `json:"expires_at"`
-	SafeUntil  *time.Time `json:"safe_until"`
-	AcquiredAt *time.Time `json:"acquired_at,omitempty"`
-}
-
-func cmdAcquire(e *env, args []string) int {
-	fs := e.flagSet(e.name)
-	var lf lockFlags
-	lf.register(fs)
-	pos, code := e.parse(fs, args, 1, 1, "NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--max-hold D]")
-	if code >= 0 {
-		return code
-	}
-	conn, code := e.connect()
-	if code >= 0 {
-		return code
-	}
-	defer conn.Close()
-	req := &coordinatorv1.AcquireRequest{Name: pos[0], Owner: lf.owner, RequestId: newRequestID()}
-	if lf.ttl != 0 {
-		req.Ttl = durationpb.New(lf.ttl)
-	}
-	if lf.lockDelay != 0 {
-		req.LockDelay = durationpb.New(lf.lockDelay)
-	}
-	if lf.maxHold != 0 {
-		req.MaxHold = durationpb.New(lf.maxHold)
-	}
-	ctx, stop := signalContext()
-	defer stop()
-	extra := time.Duration(-1) // no wait limit: until Ctrl-C
-	if lf.wait.set {
-		req.Wait = durationpb.New(lf.wait.d)
-		extra = max(lf.wait.d, 0)
-	} else if err := e.waitReady(ctx, conn); err != nil {
-		return e.fail(err)
-	}
-	var resp *coordinatorv1.AcquireResponse
-	lc := coordinatorv1.NewLockServiceClient(conn)
-	err := e.call(ctx, extra, func(ctx context.Context) error {
-		var err error
-		resp, err = lc.Acquire(ctx, req) // the same request id: a retry never makes a second grant
-		return err
-	})
-	if err != nil {
-		return e.fail(err)
-	}
-	g := grant{
-		Name: pos[0], Token: resp.GetToken(), Handle: resp.GetHandle(), LeaseID: resp.GetLeaseId(),
-		TTL: resp.GetTtl().AsDuration().String(), ExpiresAt: ts(resp.GetExpiresAt()),
-		SafeUntil: ts(resp.GetSafeUntil()), AcquiredAt: ts(resp.GetAcquiredAt()),
-	}
-	if e.output == "json" {
-		e.printJSON(g)
-	} else {
-		e.table([]string{"NAME", "TOKEN", "HANDLE", "TTL", "EXPIRES_AT", "SAFE_UNTIL"},
-			[]string{g.Name, strconv.FormatInt(g.Token, 10), g.Handle, g.TTL, cell(g.ExpiresAt), cell(g.SafeUntil)})
-	}
-	return exitOK
-}
-
-// printReleased prints the outcome of release and force-release.
-func (e *env) printReleased(name string, token int64, released bool) int {
-	if e.output == "json" {
-		e.printJSON(struct {
-			Name     string `json:"name"`
-			Token    int64  `json:"token"`
-			Released bool   `json:"released"`
-		}{name, token, released})
-	} else {
-		e.table([]string{"NAME", "TOKEN", "RELEASED"}, []string{name, strconv.FormatInt(token, 10), strconv.FormatBool(released)})
-	}
-	if !released {
-		return exitNotValid
-	}
-	return exitOK
-}
-
-func cmdRelease(e *env, args []string) int {
-	name, token, handle, code := e.grantArgs(args)
-	if code >= 0 {
-		return code
-	}
-	conn, code := e.connect()
-	if code >= 0 {
-		return code
-	}
-	defer conn.Close()
-	var resp *coordinatorv1.ReleaseResponse
-	lc := coordinatorv1.NewLockServiceClient(conn)
-	err := e.call(context.Background(), 0, func(ctx context.Context) error {
-		var err error
-		resp, err = lc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: name, Token: token, Handle: handle})
-		return err
-	})
-	if err != nil {
-		return e.fail(err)
-	}
-	return e.printReleased(name, token, resp.GetReleased())
-}
-
-func cmdKeepAlive(e *env, args []string) int {
-	name, token, handle, code := e.grantArgs(args)
-	if code >= 0 {
-		return code
-	}
-	conn, code := e.connect()
-	if code >= 0 {
-		return code
-	}
-	defer conn.Close()
-	var resp *coordinatorv1.KeepAliveResponse
-	lc := coordinatorv1.NewLockServiceClient(conn)
-	err := e.call(context.Background(), 0, func(ctx context.Context) error {
-		var err error
-		resp, err = lc.KeepAlive(ctx, &coordinatorv1.KeepAliveRequest{Name: name, Token: token, Handle: handle})
-		return err
-	})
-	if err != nil {
-		return e.fail(err)
-	}
-	g := grant{Name: name, Token: token, TTL: resp.GetTtl().AsDuration().String(), ExpiresAt: ts(resp.GetExpiresAt()), SafeUntil: ts(resp.GetSafeUntil())}
-	if e.output == "json" {
-		e.printJSON(g)
-	} else {
-		e.table([]string{"NAME", "TOKEN", "TTL", "EXPIRES_AT", "SAFE_UNTIL"},
-			[]string{g.Name, strconv.FormatInt(token, 10), g.TTL, cell(g.ExpiresAt), cell(g.SafeUntil)})
-	}
-	return exitOK
-}
-
-func cmdValidate(e *env, args []string) int {
-	fs := e.flagSet(e.name)
-	resource := fs.String("resource", "", "protected resource: also check (and raise) its high-water mark")
-	pos, code := e.parse(fs, args, 2, 2, "NAME TOKEN [--resource R]")
-	if code >= 0 {
-		return code
-	}
-	token, code := parseToken(e, pos[1])
-	if code >= 0 {
-		return code
-	}
-	conn, code := e.connect()
-	if code >= 0 {
-		return code
-	}
-	defer conn.Close()
-	var resp *coordinatorv1.ValidateTokenResponse
-	lc := coordinatorv1.NewLockServiceClient(conn)
-	err := e.call(context.Background(), 0, func(ctx context.Context) error {
-		var err error
-		resp, err = lc.ValidateToken(ctx, &coordinatorv1.ValidateTokenRequest{Name: pos[0], Token: token, Resource: *resource})
-		return err
-	})
-	if err != nil {
-		return e.fail(err)
-	}
-	reason := enumName(resp.GetReason().String(), "REASON_")
-	if e.output == "json" {
-		e.printJSON(struct {
-			Name         string `json:"name"`
-			Token        int64  `json:"token"`
-			Resource     string `json:"resource,omitempty"`
-			Valid        bool   `json:"valid"`
-			Reason       string `json:"reason"`
-			CurrentToken int64  `json:"current_token"`
-		}{pos[0], token, *resource, resp.GetValid(), reason, resp.GetCurrentToken()})
-	} else {
-		e.table([]string{"NAME", "TOKEN", "VALID", "REASON", "CURRENT_TOKEN"},
-			[]string{pos[0], pos[1], strconv.FormatBool(resp.GetValid()), reason, strconv.FormatInt(resp.GetCurrentToken(), 10)})
-	}
-	if !resp.GetValid() {
-		return exitNotValid
-	}
-	return exitOK
-}
-
-func cmdDescribe(e *env, args []string) int {
-	fs := e.flagSet(e.name)
-	pos, code := e.parse(fs, args, 1, 1, "NAME")
-	if code >= 0 {
-		return code
-	}
-	conn, code := e.connect()
-	if code >= 0 {
-		return code
-	}
-	defer conn.Close()
-	var resp *coordinatorv1.DescribeResponse
-	lc := coordinatorv1.NewLockServiceClient(conn)
-	err := e.call(context.Background(), 0, func(ctx context.Context) error {
-		var err error
-		resp, err = lc.Describe(ctx, &coordinatorv1.DescribeRequest{Name: pos[0]})
-		return err
-	})
-	if err != nil {
-		return e.fail(err)
-	}
-	type waiter struct {
-		Owner        string     `json:"owner"`
-		WaitingSince *time.Time `json:"waiting_since"`
-	}
-	out := struct {
-		Name    string   `json:"name"`
-		Held    bool     `json:"held"`
-		Holder  *holder  `json:"holder"`
-		Waiters []waiter `json:"waiters"`
-	}{Name: pos[0], Holder: toHolder(resp.GetHolder()), Waiters: []waiter{}}
-	out.Held = out.Holder != nil
-	for _, w := range resp.GetWaiters() {
-		out.Waiters = append(out.Waiters, waiter{Owner: w.GetOwner(), WaitingSince: ts(w.GetWaitingSince())})
-	}
-	if e.output == "json" {
-		e.printJSON(out)
-		return exitOK
-	}
-	rows := [][]string{{"NAME", "STATE", "TOKEN", "OWNER", "SINCE", "EXPIRES_AT"}}
-	if h := out.Holder; h != nil {
-		rows = append(rows, []string{h.Name, "held", strconv.FormatInt(h.Token, 10), dash(h.Owner), cell(h.AcquiredAt), cell(h.ExpiresAt)})
-	} else {
-		rows = append(rows, []string{pos[0], "free", "-", "-", "-", "-"})
-	}
-	for i, w := range out.Waiters {
-		rows = append(rows, []string{pos[0], fmt.Sprintf("waiting #%d", i+1), "-", dash(w.Owner), cell(w.WaitingSince), "-"})
-	}
-	e.table(rows...)
-	return exitOK
-}
-
-func cmdList(e *env, args []string) int {
-	fs := e.flagSet(e.name)
-	pos, code := e.parse(fs, args, 0, 1, "[PREFIX]")
-	if code >= 0 {
-		return code
-	}
-	prefix := ""
-	if len(pos) == 1 {
-		prefix = pos[0]
-	}
-	conn, code := e.connect()
-	if code >= 0 {
-		return code
-	}
-	defer conn.Close()
-	holders, err := e.listHolders(conn, prefix)
-	if err != nil {
-		return e.fail(err)
-	}
-	if e.output == "json" {
-		e.printJSON(struct {
-			Holders []*holder `json:"holders"`
-		}{holders})
-		return exitOK
-	}
-	rows := [][]string{{"NAME", "TOKEN", "OWNER", "ACQUIRED_AT"}}
-	for _, h := range holders {
-		rows = append(rows, []string{h.Name, strconv.FormatInt(h.Token, 10), dash(h.Owner), cell(h.AcquiredAt)})
-	}
-	e.table(rows...)
-	return exitOK
+// validateLine is the command line of validate.
+type validateLine struct {
+	nameToken
+	resource string
 }
 
 // listHolders returns the held locks whose names start with prefix, every
-// page of them.
-func (e *env) listHolders(conn grpc.ClientConnInterface, prefix string) ([]*holder, error) {
-	lc := coordinatorv1.NewLockServiceClient(conn)
-	holders := []*holder{}
-	page := ""
-	for {
-		var resp *coordinatorv1.ListResponse
-		err := e.call(context.Background(), 0, func(ctx context.Context) error {
-			var err error
-			resp, err = lc.List(ctx, &coordinatorv1.ListRequest{Prefix: prefix, PageSize: 1000, PageToken: page})
-			return err
-		})
+// page of them, each page bounded by --timeout.
+func listHolders[F any](x *call[F], prefix string) ([]client.Holder, error) {
+	p := x.c.Pages(prefix, client.WithPageSize(1000))
+	holders := []client.Holder{}
+	for p.More() {
+		ctx, cancel := x.bounded()
+		page, err := p.Next(ctx)
+		cancel()
 		if err != nil {
 			return nil, err
 		}
-		for _, h := range resp.GetHolders() {
-			holders = append(holders, toHolder(h))
-		}
-		if page = resp.GetNextPageToken(); page == "" {
-			return holders, nil
-		}
+		holders = append(holders, page...)
 	}
+	return holders, nil
 }
 
-func cmdWatch(e *env, args []string) int {
-	fs := e.flagSet(e.name)
-	count := fs.Int("count", 0, "stop after this many events, the current state included (0: until Ctrl-C)")
-	from := fs.Int64("start-revision", 0, "resume from this revision (the last one seen + 1); 0: start with the current state")
-	pos, code := e.parse(fs, args, 1, 1, "NAME [--count N] [--start-revision REV]")
-	if code >= 0 {
-		return code
-	}
-	conn, code := e.connect()
-	if code >= 0 {
-		return code
-	}
-	defer conn.Close()
-	ctx, stop := signalContext()
-	defer stop()
-	stream, err := coordinatorv1.NewLockServiceClient(conn).Watch(ctx, &coordinatorv1.WatchRequest{Name: pos[0], StartRevision: *from})
+// watchLine is the command line of watch.
+type watchLine struct {
+	name  string
+	count int
+	from  int64
+}
+
+// watchStream is an open watch, until Ctrl-C.
+type watchStream struct {
+	ctx context.Context
+	w   *client.Watcher
+}
+
+func runWatch(x *call[watchLine]) (watchStream, error) {
+	ctx := x.interruptible()
+	w, err := x.c.Watch(ctx, x.f.name, client.WithStartRevision(x.f.from))
 	if err != nil {
-		return e.fail(err)
+		return watchStream{}, err
 	}
-	if e.output == "table" {
-		fmt.Fprintf(e.stdout, "%-10s  %-15s  %-10s  %s\n", "REVISION", "EVENT", "TOKEN", "OWNER")
+	x.after = append(x.after, w.Close)
+	return watchStream{ctx, w}, nil
+}
+
+// printWatch prints each event as it comes, until --count events or
+// Ctrl-C.
+func printWatch(x *call[watchLine], s watchStream) int {
+	if x.output == "table" {
+		fmt.Fprintf(x.stdout, "%-10s  %-15s  %-10s  %s\n", "REVISION", "EVENT", "TOKEN", "OWNER")
 	}
-	for n := 0; *count == 0 || n < *count; n++ {
-		ev, err := stream.Recv()
+	for n := 0; x.f.count == 0 || n < x.f.count; n++ {
+		ev, err := s.w.Next()
 		if err != nil {
-			if ctx.Err() != nil { // Ctrl-C
+			if s.ctx.Err() != nil { // Ctrl-C
 				return exitOK
 			}
-			if errors.Is(err, io.EOF) {
+			if errors.Is(err, client.ErrWatchEnded) {
 				err = status.Error(codes.Unavailable, "the watch stream ended: the coordinator is shutting down; watch again with --start-revision")
 			}
-			return e.fail(err)
+			return x.fail(err)
 		}
-		kind := enumName(ev.GetKind().String(), "KIND_")
-		if kind == "force_released" {
-			kind = "force-released"
-		}
-		h := toHolder(ev.GetHolder())
-		if e.output == "json" {
-			e.printJSON(struct {
-				Name     string  `json:"name"`
-				Revision int64   `json:"revision"`
-				Event    string  `json:"event"`
-				Holder   *holder `json:"holder"`
-			}{pos[0], ev.GetRevision(), kind, h})
-			continue
-		}
-		token, owner := "-", "-"
-		if h != nil {
-			token, owner = strconv.FormatInt(h.Token, 10), dash(h.Owner)
-		}
-		fmt.Fprintf(e.stdout, "%-10d  %-15s  %-10s  %s\n", ev.GetRevision(), field(kind), token, field(owner))
+		x.printEvent(x.f.name, ev)
 	}
 	return exitOK
 }
 
-func cmdForceRelease(e *env, args []string) int {
-	fs := e.flagSet(e.name)
-	pos, code := e.parse(fs, args, 2, 2, "NAME TOKEN")
-	if code >= 0 {
-		return code
+// printNames prints the names for the completion script, each followed by
+// a NUL byte, the one byte no shell word can hold (a name holding one is
+// left out: no command line could pass it).
+func printNames(x *call[string], holders []client.Holder) int {
+	var b strings.Builder
+	for _, h := range holders {
+		if !strings.Contains(h.Name, "\x00") {
+			b.WriteString(h.Name + "\x00")
+		}
 	}
-	token, code := parseToken(e, pos[1])
-	if code >= 0 {
-		return code
-	}
-	conn, code := e.connect()
-	if code >= 0 {
-		return code
-	}
-	defer conn.Close()
-	var resp *coordinatorv1.ForceReleaseResponse
-	lc := coordinatorv1.NewLockServiceClient(conn)
-	err := e.call(context.Background(), 0, func(ctx context.Context) error {
-		var err error
-		resp, err = lc.ForceRelease(ctx, &coordinatorv1.ForceReleaseRequest{Name: pos[0], Token: token})
-		return err
-	})
-	if err != nil {
-		return e.fail(err)
-	}
-	return e.printReleased(pos[0], token, resp.GetReleased())
+	fmt.Fprint(x.stdout, b.String())
+	return exitOK
 }

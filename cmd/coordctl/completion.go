@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"strings"
 )
 
 // bashCompletion completes commands, flags, lock names (held ones, from
@@ -79,39 +78,6 @@ _coordctl() {
 }
 complete -o default -F _coordctl coordctl
 `
-
-// cmdNames is "coordctl __names [PREFIX]", for the completion script (not
-// in the help): the held lock names that start with PREFIX, each followed
-// by a NUL byte, the one byte no shell word can hold (a name holding one is
-// left out: no command line could pass it).
-func cmdNames(e *env, args []string) int {
-	fs := e.flagSet(e.name)
-	pos, code := e.parse(fs, args, 0, 1, "[PREFIX]")
-	if code >= 0 {
-		return code
-	}
-	prefix := ""
-	if len(pos) == 1 {
-		prefix = pos[0]
-	}
-	conn, code := e.connect()
-	if code >= 0 {
-		return code
-	}
-	defer conn.Close()
-	holders, err := e.listHolders(conn, prefix)
-	if err != nil {
-		return e.fail(err)
-	}
-	var b strings.Builder
-	for _, h := range holders {
-		if !strings.Contains(h.Name, "\x00") {
-			b.WriteString(h.Name + "\x00")
-		}
-	}
-	fmt.Fprint(e.stdout, b.String())
-	return exitOK
-}
 
 func cmdCompletion(e *env, args []string) int {
 	if len(args) != 1 || args[0] != "bash" {

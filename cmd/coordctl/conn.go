@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"strings"
 	"time"
@@ -184,33 +183,5 @@ func (e *env) waitReady(ctx context.Context, conn *grpc.ClientConn) error {
 		if !conn.WaitForStateChange(ctx, s) {
 			return status.Errorf(codes.Unavailable, "no connection to the coordinator at %s within --timeout %v (last state %v)", e.conn.addr, e.conn.timeout, s)
 		}
-	}
-}
-
-// call runs f with a --timeout (+ extra) deadline, retrying UNAVAILABLE with jittered
-// exponential backoff until the deadline. Only idempotent calls go through
-// it (Acquire only with a request id).
-func (e *env) call(ctx context.Context, extra time.Duration, f func(context.Context) error) error {
-	var cancel context.CancelFunc
-	if extra < 0 { // no deadline: an acquire without --wait, until Ctrl-C
-		ctx, cancel = context.WithCancel(ctx)
-	} else {
-		ctx, cancel = context.WithTimeout(ctx, e.conn.timeout+extra)
-	}
-	defer cancel()
-	backoff := 50 * time.Millisecond
-	for {
-		err := f(ctx)
-		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
-			return err
-		}
-		t := time.NewTimer(backoff/2 + rand.N(backoff/2+1))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		case <-t.C:
-		}
-		backoff = min(2*backoff, 2*time.Second)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -21,118 +20,143 @@ const execSynopsis = "NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--
 // releaseTimeout bounds the release after COMMAND exits.
 const releaseTimeout = 5 * time.Second
 
-func cmdExec(e *env, args []string) int {
-	fs := e.flagSet(e.name)
-	var lf lockFlags
-	lf.register(fs)
-	grace := fs.Duration("grace", 5*time.Second, "after the lock is lost: how long COMMAND has to exit after SIGTERM before SIGKILL")
-	var pos, argv []string
-	if i := slices.Index(args, "--"); i >= 0 {
-		var code int
-		if pos, code = e.parse(fs, args[:i], 1, 1, execSynopsis); code >= 0 {
-			return code
-		}
-		argv = args[i+1:]
-	} else { // without "--": flags, NAME, then COMMAND and its arguments
-		e.setUsage(fs, execSynopsis)
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return exitOK
-			}
-			return exitUsage
-		}
-		if code := e.checkArgs(fs.Args(), 1, -1, execSynopsis); code >= 0 {
-			return code
-		}
-		pos, argv = fs.Args()[:1], fs.Args()[1:]
-	}
-	if len(argv) == 0 {
+// execLine is the command line of exec.
+type execLine struct {
+	name  string
+	argv  []string // COMMAND and its arguments
+	lock  lockFlags
+	grace time.Duration
+}
+
+func (l *execLine) register(fs *flag.FlagSet) {
+	l.lock.register(fs)
+	fs.DurationVar(&l.grace, "grace", 5*time.Second, "after the lock is lost: how long COMMAND has to exit after SIGTERM before SIGKILL")
+}
+
+// parse takes NAME, then COMMAND and its arguments.
+func (l *execLine) parse(e *env, pos []string) int {
+	l.name, l.argv = pos[0], pos[1:]
+	if len(l.argv) == 0 {
 		fmt.Fprintf(e.stderr, "%s: no COMMAND\nUsage: %s %s\n", e.name, e.name, execSynopsis)
 		return exitUsage
 	}
-	if *grace < 0 {
-		fmt.Fprintf(e.stderr, "%s: --grace %v: want a duration >= 0\n", e.name, *grace)
+	if l.grace < 0 {
+		fmt.Fprintf(e.stderr, "%s: --grace %v: want a duration >= 0\n", e.name, l.grace)
 		return exitUsage
 	}
-	conn, code := e.connect()
-	if code >= 0 {
-		return code
-	}
-	defer conn.Close()
-	c := client.New(conn)
-	defer c.Close()
+	return -1
+}
 
-	// Acquire, until Ctrl-C (or --wait + --timeout).
-	opts := []client.AcquireOption{client.WithOwner(lf.owner)}
-	if lf.ttl != 0 {
-		opts = append(opts, client.WithTTL(lf.ttl))
-	}
-	if lf.lockDelay != 0 {
-		opts = append(opts, client.WithLockDelay(lf.lockDelay))
-	}
-	if lf.maxHold != 0 {
-		opts = append(opts, client.WithMaxHold(lf.maxHold))
-	}
-	ctx, stopSignals := signalContext()
-	actx, cancel := context.WithCancel(ctx)
-	if lf.wait.set {
-		opts = append(opts, client.WithWait(lf.wait.d))
-		cancel()
-		actx, cancel = context.WithTimeout(ctx, max(lf.wait.d, 0)+e.conn.timeout)
-	}
-	if err := e.waitReady(actx, conn); err != nil {
-		cancel()
-		stopSignals()
-		return e.fail(err)
-	}
-	lock, err := c.Acquire(actx, pos[0], opts...)
-	cancel()
+// runExec runs COMMAND under the lock in three steps: acquire it, supervise
+// COMMAND while the SDK renews the lock, release it when COMMAND exits. The
+// answer is coordctl's exit code.
+func runExec(x *call[execLine]) (int, error) {
+	lock, sigs, err := acquireForExec(x)
 	if err != nil {
-		stopSignals()
-		return e.fail(err)
+		return 0, err
 	}
+	if lock == nil { // interrupted, or lost before COMMAND started
+		return sigs.code, nil
+	}
+	defer signal.Stop(sigs.c)
+	end := supervise(x, lock, sigs.c)
+	if end.release {
+		x.release(lock)
+	}
+	if end.startErr != nil {
+		fmt.Fprintf(x.stderr, "%s: %v\n", x.name, end.startErr)
+	}
+	return end.code, nil
+}
 
-	// From here on, SIGINT, SIGTERM and SIGHUP go to COMMAND. Catch them
-	// before the acquisition's handler lets go, so none is missed.
+// ending is how supervise ended: coordctl's exit code, whether the lock is
+// still held and must be released (COMMAND exited, or never started), and
+// why COMMAND did not start.
+type ending struct {
+	code     int
+	release  bool
+	startErr error
+}
+
+// handover is what acquireForExec hands to supervise: the signals caught
+// for COMMAND, or the exit code when COMMAND must not start.
+type handover struct {
+	c    chan os.Signal
+	code int
+}
+
+// acquireForExec acquires the lock until Ctrl-C (or --wait + --timeout),
+// then catches SIGINT, SIGTERM and SIGHUP for COMMAND before the
+// acquisition's handler lets go, so that none is missed. A nil lock means
+// COMMAND must not start; the handover's code says how coordctl exits.
+func acquireForExec(x *call[execLine]) (*client.Lock, handover, error) {
+	ctx, stopSignals := signalContext()
+	defer stopSignals()
+	actx, cancel := context.WithCancel(ctx)
+	if x.f.lock.wait.set {
+		cancel()
+		actx, cancel = x.boundedBy(ctx, max(x.f.lock.wait.d, 0))
+	}
+	defer cancel()
+	if err := x.waitReady(actx, x.cc); err != nil {
+		return nil, handover{}, err
+	}
+	lock, err := x.c.Acquire(actx, x.f.name, x.f.lock.options()...)
+	if err != nil {
+		return nil, handover{}, err
+	}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(sigs)
-	interrupted := ctx.Err() != nil // a signal between the grant and signal.Notify
-	stopSignals()
-	if interrupted {
-		e.release(lock)
-		fmt.Fprintf(e.stderr, "%s: interrupted before COMMAND started; the lock was released\n", e.name)
-		return exitError
+	if ctx.Err() != nil { // a signal between the grant and signal.Notify
+		signal.Stop(sigs)
+		x.release(lock)
+		fmt.Fprintf(x.stderr, "%s: interrupted before COMMAND started; the lock was released\n", x.name)
+		return nil, handover{code: exitError}, nil
 	}
 	if err := lock.Err(); err != nil { // a long confirmation, a pause: lost before COMMAND starts
-		fmt.Fprintf(e.stderr, "%s: the lock %q was lost before COMMAND started: %v\n", e.name, lock.Name(), field(err.Error()))
-		return exitLost
+		signal.Stop(sigs)
+		fmt.Fprintf(x.stderr, "%s: the lock %q was lost before COMMAND started: %v\n", x.name, lock.Name(), field(err.Error()))
+		return nil, handover{code: exitLost}, nil
 	}
+	return lock, handover{c: sigs}, nil
+}
 
+// startCommand starts COMMAND in its own process group with the lock in
+// its environment.
+func startCommand(x *call[execLine], lock *client.Lock) (*exec.Cmd, error) {
+	argv := x.f.argv
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(),
 		"COORDINATOR_LOCK="+lock.Name(),
 		"COORDINATOR_TOKEN="+strconv.FormatInt(lock.Token(), 10),
 		"COORDINATOR_SAFE_UNTIL="+lock.SafeUntil().UTC().Format(time.RFC3339Nano),
 	)
-	cmd.Stdout, cmd.Stderr = e.stdout, e.stderr
+	cmd.Stdout, cmd.Stderr = x.stdout, x.stderr
 	if fi, err := os.Stdin.Stat(); err == nil && fi.Mode()&os.ModeCharDevice == 0 {
 		cmd.Stdin = os.Stdin // a pipe or a file; a terminal would stop the process group (SIGTTIN)
 	}
 	// Its own process group: a lost lock stops every process COMMAND started.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		e.release(lock)
-		fmt.Fprintf(e.stderr, "%s: %v\n", e.name, err)
+	return cmd, cmd.Start()
+}
+
+// supervise starts COMMAND, forwards sigs to its process group, and
+// terminates the group if the lock is lost (SIGTERM, then SIGKILL after
+// --grace), until COMMAND exits.
+func supervise(x *call[execLine], lock *client.Lock, sigs <-chan os.Signal) ending {
+	cmd, err := startCommand(x, lock)
+	if err != nil {
+		code := 126 // found, but not runnable
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return 127
+			code = 127
 		}
-		return 126
+		return ending{code: code, release: true, startErr: err}
 	}
 	pgid := cmd.Process.Pid
 	waited := make(chan error, 1)
 	go func() { waited <- cmd.Wait() }()
 
+	grace := x.f.grace
 	lost := lock.Done()
 	var (
 		killTimer <-chan time.Time
@@ -148,26 +172,25 @@ func cmdExec(e *env, args []string) int {
 			if lostErr != nil {
 				// COMMAND's leader is gone; give the rest of its group
 				// what remains of the grace, then kill it.
-				e.reapGroup(pgid, killTimer)
-				return exitLost
+				x.reapGroup(pgid, killTimer)
+				return ending{code: exitLost}
 			}
 			if lock.Err() != nil { // lost in the same instant: the command may have worked unprotected
-				fmt.Fprintf(e.stderr, "%s: the lock %q was lost as COMMAND exited: %v\n", e.name, lock.Name(), field(lock.Err().Error()))
-				return exitLost
+				fmt.Fprintf(x.stderr, "%s: the lock %q was lost as COMMAND exited: %v\n", x.name, lock.Name(), field(lock.Err().Error()))
+				return ending{code: exitLost}
 			}
-			e.release(lock)
-			return childExitCode(err)
+			return ending{code: childExitCode(err), release: true}
 		case s := <-sigs:
 			_ = syscall.Kill(-pgid, s.(syscall.Signal))
 		case <-lost:
 			lostErr = lock.Err()
 			lost = nil
-			fmt.Fprintf(e.stderr, "%s: the lock %q (token %d) was lost: %v; sending SIGTERM to COMMAND, SIGKILL in %v\n",
-				e.name, lock.Name(), lock.Token(), field(lostErr.Error()), *grace)
+			fmt.Fprintf(x.stderr, "%s: the lock %q (token %d) was lost: %v; sending SIGTERM to COMMAND, SIGKILL in %v\n",
+				x.name, lock.Name(), lock.Token(), field(lostErr.Error()), grace)
 			_ = syscall.Kill(-pgid, syscall.SIGTERM)
-			killTimer = time.After(*grace)
+			killTimer = time.After(grace)
 		case <-killTimer:
-			fmt.Fprintf(e.stderr, "%s: COMMAND still running %v after SIGTERM: SIGKILL\n", e.name, *grace)
+			fmt.Fprintf(x.stderr, "%s: COMMAND still running %v after SIGTERM: SIGKILL\n", x.name, grace)
 			_ = syscall.Kill(-pgid, syscall.SIGKILL)
 			killTimer = nil
 		case <-tick.C:

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"strings"
+
+	"github.com/coordinatord/coordinatord/client"
 )
 
 // handleHelp is how the commands that take a grant's secret handle say
@@ -78,30 +80,35 @@ func (h *handleSource) read() (string, error) {
 	return v, nil
 }
 
-// grantArgs parses the arguments of release and keepalive, NAME TOKEN
-// [HANDLE], and finds the handle; the exit code is -1 when the command goes
-// on.
-func (e *env) grantArgs(args []string) (name string, token int64, handle string, code int) {
-	fs := e.flagSet(e.name)
-	hs := handleSource{stdin: e.stdin}
-	hs.register(fs)
-	const synopsis = "NAME TOKEN [HANDLE] [--handle-file FILE]"
-	e.extraHelp = handleHelp
-	pos, code := e.parse(fs, args, 2, 3, synopsis)
+// grantSynopsis is the synopsis of release and keepalive.
+const grantSynopsis = "NAME TOKEN [HANDLE] [--handle-file FILE]"
+
+// grantLine is the command line of release and keepalive: NAME TOKEN
+// [HANDLE], and where else the handle may come from.
+type grantLine struct {
+	hs  handleSource
+	ref client.GrantRef
+}
+
+func (g *grantLine) register(fs *flag.FlagSet) { g.hs.register(fs) }
+
+// parse reads NAME and TOKEN and finds the handle; the exit code is -1
+// when the command goes on.
+func (g *grantLine) parse(e *env, pos []string) int {
+	token, code := parseToken(e, pos[1])
 	if code >= 0 {
-		return "", 0, "", code
-	}
-	if token, code = parseToken(e, pos[1]); code >= 0 {
-		return "", 0, "", code
+		return code
 	}
 	arg := ""
 	if len(pos) == 3 {
 		arg = pos[2]
 	}
-	handle, err := hs.resolve(arg, len(pos) == 3)
+	g.hs.stdin = e.stdin
+	handle, err := g.hs.resolve(arg, len(pos) == 3)
 	if err != nil {
-		fmt.Fprintf(e.stderr, "%s: %v\nUsage: %s %s\n", e.name, err, e.name, synopsis)
-		return "", 0, "", exitUsage
+		fmt.Fprintf(e.stderr, "%s: %v\nUsage: %s %s\n", e.name, err, e.name, grantSynopsis)
+		return exitUsage
 	}
-	return pos[0], token, handle, -1
+	g.ref = client.GrantRef{Name: pos[0], Token: token, Handle: handle}
+	return -1
 }

@@ -108,42 +108,15 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-// commands maps a command name to its implementation.
-var commands = map[string]func(*env, []string) int{
-	"acquire":       cmdAcquire,
-	"release":       cmdRelease,
-	"keepalive":     cmdKeepAlive,
-	"validate":      cmdValidate,
-	"describe":      cmdDescribe,
-	"list":          cmdList,
-	"watch":         cmdWatch,
-	"force-release": cmdForceRelease,
-	"exec":          cmdExec,
-}
-
-// examples are shown by each command's -help.
-var examples = map[string]string{
-	"acquire":       "  coordctl acquire reports/nightly --ttl 30s --owner host-a\n  coordctl -o json acquire reports/nightly --wait 0s\n",
-	"release":       "  coordctl release reports/nightly 2 --handle-file nightly.handle\n  COORDCTL_HANDLE=$HANDLE coordctl release reports/nightly 2\n  printf '%s' \"$HANDLE\" | coordctl release reports/nightly 2 --handle-file -\n",
-	"keepalive":     "  coordctl keepalive reports/nightly 2 --handle-file nightly.handle\n  COORDCTL_HANDLE=$HANDLE coordctl keepalive reports/nightly 2\n",
-	"validate":      "  coordctl validate reports/nightly 2\n  coordctl -o json validate reports/nightly 2 --resource s3/reports\n",
-	"describe":      "  coordctl describe reports/nightly\n",
-	"list":          "  coordctl list\n  coordctl -o json list reports/\n",
-	"watch":         "  coordctl watch reports/nightly\n  coordctl -o json watch reports/nightly --start-revision 42\n",
-	"force-release": "  coordctl force-release reports/nightly 2\n",
-	"exec":          "  coordctl exec jobs/backup --ttl 10s -- ./backup.sh\n  coordctl exec jobs/backup --wait 0s --grace 30s -- sh -c 'backup --fence-token \"$COORDINATOR_TOKEN\"'\n",
-}
-
 // env is what a command needs: the connection flags, the output format and
 // where to write.
 type env struct {
-	conn      *connFlags
-	output    string
-	stdin     io.Reader // --handle-file -
-	stdout    io.Writer
-	stderr    io.Writer
-	name      string // the command's name, for messages
-	extraHelp string // printed by the command's -help after its flags
+	conn   *connFlags
+	output string
+	stdin  io.Reader // --handle-file -
+	stdout io.Writer
+	stderr io.Writer
+	name   string // the command's name, for messages
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -164,25 +137,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cmd, rest := rest[0], rest[1:]
 	switch cmd {
 	case "help":
-		if len(rest) == 1 && commands[rest[0]] != nil {
-			e.name = "coordctl " + rest[0]
-			return commands[rest[0]](e, []string{"-help"})
+		if c := lookup(rest); c != nil && !c.hidden {
+			e.name = "coordctl " + c.name
+			return c.spec.main(e, []string{"-help"})
 		}
 		fmt.Fprint(stdout, usageText)
 		return exitOK
 	case "completion":
 		return cmdCompletion(e, rest)
-	case "__names": // the completion script's source of lock names
-		e.name = "coordctl __names"
-		return cmdNames(e, rest)
 	}
-	f := commands[cmd]
-	if f == nil {
+	c := lookup([]string{cmd})
+	if c == nil {
 		fmt.Fprintf(stderr, "coordctl: unknown command %q; run 'coordctl help'\n", cmd)
 		return exitUsage
 	}
 	e.name = "coordctl " + cmd
-	return f(e, rest)
+	return c.spec.main(e, rest)
 }
 
 // flagSet returns a FlagSet with the connection and output flags; every
@@ -195,16 +165,17 @@ func (e *env) flagSet(name string) *flag.FlagSet {
 	return fs
 }
 
-// setUsage makes fs print the command's synopsis, flags and exit codes.
-func (e *env) setUsage(fs *flag.FlagSet, synopsis string) {
+// setUsage makes fs print the command's synopsis, flags, extra help,
+// examples and exit codes.
+func (e *env) setUsage(fs *flag.FlagSet, synopsis, extraHelp, examples string) {
 	fs.Usage = func() {
 		fmt.Fprintf(e.stderr, "Usage: %s %s\n\nFlags:\n", e.name, synopsis)
 		fs.PrintDefaults()
-		if e.extraHelp != "" {
-			fmt.Fprint(e.stderr, "\n"+e.extraHelp)
+		if extraHelp != "" {
+			fmt.Fprint(e.stderr, "\n"+extraHelp)
 		}
-		if ex := examples[strings.TrimPrefix(e.name, "coordctl ")]; ex != "" {
-			fmt.Fprint(e.stderr, "\nExamples:\n"+ex)
+		if examples != "" {
+			fmt.Fprint(e.stderr, "\nExamples:\n"+examples)
 		}
 		fmt.Fprint(e.stderr, "\n"+exitCodesHelp)
 	}
@@ -215,14 +186,10 @@ func (e *env) setUsage(fs *flag.FlagSet, synopsis string) {
 // positional arguments (between min and max; max < 0: no limit). The exit
 // code is -1 when the command goes on.
 func (e *env) parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int, synopsis string) ([]string, int) {
-	e.setUsage(fs, synopsis)
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, exitOK
-			}
-			return nil, exitUsage
+		if code := e.parseFlags(fs, args); code >= 0 {
+			return nil, code
 		}
 		args = fs.Args()
 		if len(args) == 0 {
@@ -232,6 +199,18 @@ func (e *env) parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int, synop
 		args = args[1:]
 	}
 	return pos, e.checkArgs(pos, minArgs, maxArgs, synopsis)
+}
+
+// parseFlags parses the flags at the start of args; the exit code is -1
+// when the command goes on (after -help it is exitOK).
+func (e *env) parseFlags(fs *flag.FlagSet, args []string) int {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	return -1
 }
 
 // checkArgs checks the output format and the number of positional

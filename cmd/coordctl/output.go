@@ -10,20 +10,18 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"google.golang.org/protobuf/types/known/timestamppb"
-
-	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/client"
 )
 
 // timeLayout is how tables show times (UTC, milliseconds).
 const timeLayout = "2006-01-02T15:04:05.000Z07:00"
 
-// ts converts a protobuf timestamp for JSON output (nil when unset).
-func ts(t *timestamppb.Timestamp) *time.Time {
-	if t == nil {
+// ts is a time for JSON output, in UTC; nil when unset (zero).
+func ts(t time.Time) *time.Time {
+	if t.IsZero() {
 		return nil
 	}
-	v := t.AsTime().UTC()
+	v := t.UTC()
 	return &v
 }
 
@@ -100,9 +98,9 @@ type holder struct {
 	ExpiresAt  *time.Time `json:"expires_at,omitempty"`
 }
 
-func toHolder(h *coordinatorv1.Holder) *holder {
+func toHolder(h *client.Holder) *holder {
 	if h == nil {
 		return nil
 	}
-	return &holder{Name: h.GetName(), Token: h.GetToken(), Owner: h.GetOwner(), AcquiredAt: ts(h.GetAcquiredAt()), ExpiresAt: ts(h.GetExpiresAt())}
+	return &holder{Name: h.Name, Token: h.Token, Owner: h.Owner, AcquiredAt: ts(h.AcquiredAt), ExpiresAt: ts(h.ExpiresAt)}
 }

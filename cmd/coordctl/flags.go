@@ -1,0 +1,113 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/coordinatord/coordinatord/client"
+)
+
+// optDuration is a duration flag that knows whether it was set.
+type optDuration struct {
+	d   time.Duration
+	set bool
+}
+
+func (o *optDuration) String() string {
+	if o == nil || !o.set {
+		return ""
+	}
+	return o.d.String()
+}
+
+func (o *optDuration) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	o.d, o.set = d, true
+	return nil
+}
+
+// lockFlags are the flags of acquire and exec.
+type lockFlags struct {
+	ttl       time.Duration
+	wait      optDuration
+	owner     string
+	lockDelay time.Duration
+	maxHold   time.Duration
+}
+
+func (l *lockFlags) register(fs *flag.FlagSet) {
+	fs.DurationVar(&l.ttl, "ttl", 0, "lease TTL, whole seconds (default: the server's, 15s out of the box)")
+	fs.Var(&l.wait, "wait", "how long to wait in the queue; 0s: try once (default: until Ctrl-C, at most the server's -max-wait)")
+	fs.StringVar(&l.owner, "owner", defaultOwner(), "who holds the lock, shown by describe and list")
+	fs.DurationVar(&l.lockDelay, "lock-delay", 0, "keep the lock from everyone for this long if this grant ends without a release (expiry, force-release)")
+	fs.DurationVar(&l.maxHold, "max-hold", 0, "refuse renewals past acquisition + this (default: the server's -max-hold)")
+}
+
+// options are the flags as the SDK's acquire options (unset flags: the
+// server's defaults).
+func (l *lockFlags) options() []client.AcquireOption {
+	opts := []client.AcquireOption{client.WithOwner(l.owner)}
+	if l.ttl != 0 {
+		opts = append(opts, client.WithTTL(l.ttl))
+	}
+	if l.lockDelay != 0 {
+		opts = append(opts, client.WithLockDelay(l.lockDelay))
+	}
+	if l.maxHold != 0 {
+		opts = append(opts, client.WithMaxHold(l.maxHold))
+	}
+	if l.wait.set {
+		opts = append(opts, client.WithWait(l.wait.d))
+	}
+	return opts
+}
+
+func defaultOwner() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("coordctl@%s pid %d", host, os.Getpid())
+}
+
+// signalContext is cancelled by SIGINT or SIGTERM.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+}
+
+func parseToken(e *env, s string) (int64, int) {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		fmt.Fprintf(e.stderr, "%s: TOKEN %q: want a positive integer\n", e.name, s)
+		return 0, exitUsage
+	}
+	return n, -1
+}
+
+// nameToken is the NAME TOKEN of validate and force-release.
+type nameToken struct {
+	name     string
+	token    int64
+	tokenArg string // TOKEN as given, as validate's table shows it
+}
+
+func (n *nameToken) parse(e *env, pos []string) int {
+	n.name, n.tokenArg = pos[0], pos[1]
+	var code int
+	n.token, code = parseToken(e, pos[1])
+	return code
+}
+
+// optional is pos[0], or "" when there is none.
+func optional(pos []string) string {
+	if len(pos) == 0 {
+		return ""
+	}
+	return pos[0]
+}
