@@ -30,6 +30,10 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		mo *fence.MarkOwnedError
 		tm *fence.TooManyMarksError
 	)
+	var se *streamError
+	if errors.As(err, &se) {
+		return se.err // the stream's own failure: gRPC's answer already
+	}
 	switch {
 	case errors.As(err, &fe):
 		st := status.New(codes.InvalidArgument, err.Error())
@@ -95,4 +99,19 @@ func withDetails(st *status.Status, detail protoadapt.MessageV1) error {
 		st = d
 	}
 	return st.Err()
+}
+
+// streamError is the failure of a stream itself (a Send or Recv error of
+// gRPC, or a refusal of an interceptor's RecvMsg): already the status the
+// call ends with, passed through toStatus unchanged.
+type streamError struct{ err error }
+
+func (e *streamError) Error() string { return e.err.Error() }
+
+// streamErr marks err, if any, as the stream's own failure.
+func streamErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &streamError{err: err}
 }
