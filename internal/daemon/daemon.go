@@ -192,7 +192,8 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	opts = append(opts, lease.WithLockDelayCap(cfg.MaxLockDelay),
 		// Enforced in the join's etcd transaction: exact across replicas.
-		lease.WithMaxWaitersPerLock(cfg.MaxWaitersPerLock), lease.WithMaxLocksPerIdentity(cfg.MaxLocksPerIdentity))
+		lease.WithMaxWaitersPerLock(cfg.MaxWaitersPerLock), lease.WithMaxLocksPerIdentity(cfg.MaxLocksPerIdentity),
+		lease.WithMaxWait(cfg.MaxWait))
 	mgr, err := lease.New(cli, opts...)
 	if err != nil {
 		return err
@@ -243,8 +244,6 @@ func Run(ctx context.Context, cfg Config) error {
 		caps := server.StreamCaps{MaxWatch: cfg.MaxWatchStreams, MaxHold: cfg.MaxHoldStreams}
 		srvOpts = append(srvOpts, server.WithInnerInterceptors(nil, []grpc.StreamServerInterceptor{caps.Interceptor()}))
 	}
-	limits := server.Limits{MaxWait: cfg.MaxWait}
-	srvOpts = append(srvOpts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{limits.Interceptor()}, []grpc.StreamServerInterceptor{limits.StreamInterceptor()}))
 	if cfg.MaxRecvMsgSize > 0 {
 		srvOpts = append(srvOpts, server.WithServerOptions(grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize)))
 	}
