@@ -6,11 +6,9 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/authz"
@@ -112,7 +110,7 @@ func AuthInterceptors(store *authz.Store, opts ...AuthOption) (grpc.UnaryServerI
 			return err
 		}
 		if AdminOnly[info.FullMethod] && !store.Policy().IsAdmin(id) {
-			return denied(id, "may not call "+info.FullMethod+" (admins only)")
+			return errDenied(id, "may not call "+info.FullMethod+" (admins only)")
 		}
 		as := newAuthStream(ss, id, info.FullMethod, store, cfg)
 		open.add(as)
@@ -172,24 +170,24 @@ func identify(ctx context.Context, store *authz.Store, fromCN bool) (string, err
 				return id, nil
 			}
 			if fromCN {
-				return "", status.Error(codes.Unauthenticated, "the client certificate names no identity (no URI SAN, DNS SAN or CN)")
+				return "", errUnauthenticated("the client certificate names no identity (no URI SAN, DNS SAN or CN)")
 			}
-			return "", status.Error(codes.Unauthenticated, "the client certificate names no identity: it has no URI SAN (e.g. a SPIFFE ID) or DNS SAN; "+
+			return "", errUnauthenticated("the client certificate names no identity: it has no URI SAN (e.g. a SPIFFE ID) or DNS SAN; " +
 				"issue it with one (its subject CN counts only with --tls-identity-from-cn)")
 		}
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	vals := md.Get("authorization")
 	if len(vals) == 0 {
-		return "", status.Error(codes.Unauthenticated, "no client certificate and no bearer token: present a client certificate or the metadata \"authorization: Bearer <token>\"")
+		return "", errUnauthenticated("no client certificate and no bearer token: present a client certificate or the metadata \"authorization: Bearer <token>\"")
 	}
 	tok, ok := bearerToken(vals[0])
 	if !ok || len(vals) > 1 {
-		return "", status.Error(codes.Unauthenticated, "malformed authorization metadata: want exactly one \"Bearer <token>\"")
+		return "", errUnauthenticated("malformed authorization metadata: want exactly one \"Bearer <token>\"")
 	}
 	id, ok := store.Tokens().Lookup(tok)
 	if !ok {
-		return "", status.Error(codes.Unauthenticated, "unknown bearer token")
+		return "", errUnauthenticated("unknown bearer token")
 	}
 	return id, nil
 }
@@ -205,22 +203,18 @@ func bearerToken(v string) (string, bool) {
 	return tok, true
 }
 
-func denied(id, what string) error {
-	return status.Errorf(codes.PermissionDenied, "identity %q %s; ask an admin to extend the policy", id, what)
-}
-
 func authorize(p *authz.Policy, id, method string, req any) error {
 	if AdminOnly[method] {
 		if p.IsAdmin(id) {
 			return nil
 		}
-		return denied(id, "may not call "+method+" (admins only)")
+		return errDenied(id, "may not call "+method+" (admins only)")
 	}
 	if AnyKnownIdentity[method] {
 		if p.Known(id) {
 			return nil
 		}
-		return denied(id, "is not in the authorization policy")
+		return errDenied(id, "is not in the authorization policy")
 	}
 	// A Hold stream names its lock in its first message (acquire or
 	// resume); the handler refuses any other first message, so heartbeats
@@ -239,7 +233,7 @@ func authorize(p *authz.Policy, id, method string, req any) error {
 	// the resource prefixes (and every mark it lists is inside it).
 	if r, ok := req.(*coordinatorv1.ListMarksRequest); ok {
 		if !p.MayListResources(id, r.GetPrefix()) {
-			return denied(id, "may not list the marks of this prefix: list a prefix inside your own resource prefixes")
+			return errDenied(id, "may not list the marks of this prefix: list a prefix inside your own resource prefixes")
 		}
 		return nil
 	}
@@ -247,23 +241,23 @@ func authorize(p *authz.Policy, id, method string, req any) error {
 	if r, ok := req.(named); ok {
 		checked = true
 		if !p.MayLock(id, r.GetName()) {
-			return denied(id, "may not use this lock name")
+			return errDenied(id, "may not use this lock name")
 		}
 	}
 	if r, ok := req.(prefixed); ok {
 		checked = true
 		if !p.MayList(id, r.GetPrefix()) {
-			return denied(id, "may not list this prefix: list a prefix inside your own")
+			return errDenied(id, "may not list this prefix: list a prefix inside your own")
 		}
 	}
 	if r, ok := req.(resource); ok && r.GetResource() != "" {
 		checked = true
 		if !p.MayResource(id, r.GetResource()) {
-			return denied(id, "may not use this resource")
+			return errDenied(id, "may not use this resource")
 		}
 	}
 	if !checked && !p.IsAdmin(id) {
-		return denied(id, "may not call "+method+" (names no lock: admins only)")
+		return errDenied(id, "may not call "+method+" (names no lock: admins only)")
 	}
 	return nil
 }

@@ -3,8 +3,10 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -84,7 +86,7 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		return status.Error(codes.Unavailable, "etcd unavailable: "+st.Message()+"; safe to retry")
 	}
 	log.ErrorContext(ctx, "internal error", "method", method, "err", err)
-	return status.Error(codes.Internal, "internal error; the coordinator logged the cause")
+	return errInternal()
 }
 
 // withReason is a status whose ErrorInfo carries a stable, machine-readable
@@ -114,4 +116,54 @@ func streamErr(err error) error {
 		return nil
 	}
 	return &streamError{err: err}
+}
+
+// The refusals below are the statuses of the transport layer's own checks
+// (authentication, authorization, rate and stream limits, undecodable
+// messages, panics): no domain error stands behind them. They are built
+// here, and only here, so that errors.go is the whole error contract of
+// the server (hygiene_test.go checks that no other file builds a status).
+
+// errInternal hides the cause of a failure the coordinator logged.
+func errInternal() error {
+	return status.Error(codes.Internal, "internal error; the coordinator logged the cause")
+}
+
+// errUnauthenticated: the call names no identity the coordinator knows; msg
+// says which credential was missing or wrong.
+func errUnauthenticated(msg string) error { return status.Error(codes.Unauthenticated, msg) }
+
+// errDenied: the policy does not let identity id do what; what is phrased
+// to follow the identity ("may not use this lock name").
+func errDenied(id, what string) error {
+	return status.Errorf(codes.PermissionDenied, "identity %q %s; ask an admin to extend the policy", id, what)
+}
+
+// errIdentityRevoked ends an open stream whose credential or policy changed
+// (UNAUTHENTICATED or PERMISSION_DENIED, reason IDENTITY_REVOKED).
+func errIdentityRevoked(code codes.Code, msg, id string) error {
+	return withReason(code, msg, "IDENTITY_REVOKED", map[string]string{"identity": id})
+}
+
+// errRateLimited: the caller is beyond its rate limit (reason RATE_LIMITED).
+func errRateLimited(rps float64, burst int) error {
+	return withReason(codes.ResourceExhausted,
+		fmt.Sprintf("rate limit of %g requests/s (burst %d) exceeded for this caller (--rate-limit; every stream message counts); slow down and retry", rps, burst),
+		"RATE_LIMITED", map[string]string{"limit": strconv.FormatFloat(rps, 'g', -1, 64), "burst": strconv.Itoa(burst)})
+}
+
+// errTooManyStreams: the caller already has limit open streams of kind
+// ("Watch", "Hold"), reason TOO_MANY_STREAMS.
+func errTooManyStreams(kind string, limit int) error {
+	return withReason(codes.ResourceExhausted,
+		fmt.Sprintf("this caller already has %d open %s streams, the most allowed (--max-%s-streams-per-caller); close one, or share one stream between watchers", limit, kind, strings.ToLower(kind)),
+		"TOO_MANY_STREAMS", map[string]string{"method": kind, "limit": strconv.Itoa(limit)})
+}
+
+// errMalformedMessage: the request did not decode as the protobuf message
+// name (reason MALFORMED_MESSAGE).
+func errMalformedMessage(name string, cause any) error {
+	return withReason(codes.InvalidArgument,
+		fmt.Sprintf("the request is not a valid protobuf encoding of %s (%v); send a message built by a protobuf library", name, cause),
+		"MALFORMED_MESSAGE", map[string]string{"message": name})
 }

@@ -2,15 +2,12 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"net"
-	"strconv"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 
 	"github.com/coordinatord/coordinatord/internal/authz"
@@ -116,9 +113,7 @@ func (r *rateLimiter) allow(ctx context.Context) error {
 	ok = c.lim.AllowN(now, 1)
 	r.mu.Unlock()
 	if !ok {
-		return withReason(codes.ResourceExhausted,
-			fmt.Sprintf("rate limit of %g requests/s (burst %d) exceeded for this caller (--rate-limit; every stream message counts); slow down and retry", float64(r.rps), r.burst),
-			"RATE_LIMITED", map[string]string{"limit": strconv.FormatFloat(float64(r.rps), 'g', -1, 64), "burst": strconv.Itoa(r.burst)})
+		return errRateLimited(float64(r.rps), r.burst)
 	}
 	return nil
 }
