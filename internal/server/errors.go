@@ -18,13 +18,16 @@ import (
 )
 
 // toStatus is the one place where domain errors become gRPC statuses
-// (DESIGN.md, "gRPC error contract"). Errors it does not know are logged
-// once here and become Internal.
+// (DESIGN.md, "gRPC error contract"); every handler's error leaves through
+// it. A stream's own failure (streamErr) passes unchanged. Errors it does
+// not know are logged once here and become Internal. TestErrorContract has
+// a row for every error of the domain packages.
 func toStatus(ctx context.Context, log *slog.Logger, method string, err error) error {
 	if err == nil {
 		return nil
 	}
 	var (
+		se *streamError
 		fe *lease.FieldError
 		ng *lease.NotGrantedError
 		tw *lease.TooManyWaitersError
@@ -32,11 +35,9 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		mo *fence.MarkOwnedError
 		tm *fence.TooManyMarksError
 	)
-	var se *streamError
-	if errors.As(err, &se) {
-		return se.err // the stream's own failure: gRPC's answer already
-	}
 	switch {
+	case errors.As(err, &se):
+		return se.err // the stream's own failure: gRPC's answer already
 	case errors.As(err, &fe):
 		st := status.New(codes.InvalidArgument, err.Error())
 		return withDetails(st, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
