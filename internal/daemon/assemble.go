@@ -38,7 +38,8 @@ func (d *Daemon) assemble(ctx context.Context) error {
 	leaseOpts := []lease.Option{lease.WithKeyPrefix(cfg.KeyPrefix), lease.WithDefaultTTL(cfg.DefaultTTL), lease.WithMaxTTL(cfg.MaxTTL),
 		lease.WithMaxHoldCap(cfg.MaxHold), lease.WithLockDelayCap(cfg.MaxLockDelay),
 		// Enforced in the join's etcd transaction: exact across replicas.
-		lease.WithMaxWaitersPerLock(cfg.MaxWaitersPerLock), lease.WithMaxLocksPerIdentity(cfg.MaxLocksPerIdentity)}
+		lease.WithMaxWaitersPerLock(cfg.MaxWaitersPerLock), lease.WithMaxLocksPerIdentity(cfg.MaxLocksPerIdentity),
+		lease.WithMaxWait(cfg.MaxWait)}
 	d.coord, err = coordinator.New(etcdCfg,
 		coordinator.WithLogger(d.log),
 		coordinator.WithLease(leaseOpts...),
@@ -100,8 +101,6 @@ func (d *Daemon) grpcOptions() ([]server.Option, error) {
 		caps := server.StreamCaps{MaxWatch: cfg.MaxWatchStreams, MaxHold: cfg.MaxHoldStreams}
 		opts = append(opts, server.WithInnerInterceptors(nil, []grpc.StreamServerInterceptor{caps.Interceptor()}))
 	}
-	limits := server.Limits{MaxWait: cfg.MaxWait}
-	opts = append(opts, server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{limits.Interceptor()}, []grpc.StreamServerInterceptor{limits.StreamInterceptor()}))
 	if cfg.MaxRecvMsgSize > 0 {
 		opts = append(opts, server.WithServerOptions(grpc.MaxRecvMsgSize(cfg.MaxRecvMsgSize)))
 	}

@@ -40,6 +40,7 @@ type Manager struct {
 	maxDelay   time.Duration
 	maxWaiters int64 // WithMaxWaitersPerLock
 	maxOwned   int64 // WithMaxLocksPerIdentity
+	caps       caps  // caps.go
 	log        *slog.Logger
 	now        func() time.Time
 
@@ -66,6 +67,7 @@ type options struct {
 	maxDelay   time.Duration
 	maxWaiters int64
 	maxOwned   int64
+	caps       caps
 	log        *slog.Logger
 }
 
@@ -109,6 +111,9 @@ func New(cli *clientv3.Client, opts ...Option) (*Manager, error) {
 	if o.maxWaiters < 0 || o.maxOwned < 0 {
 		return nil, fmt.Errorf("lease: max waiters per lock %d and max locks per identity %d must not be negative", o.maxWaiters, o.maxOwned)
 	}
+	if err := o.caps.validate(); err != nil {
+		return nil, err
+	}
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
 	}
@@ -122,6 +127,7 @@ func New(cli *clientv3.Client, opts ...Option) (*Manager, error) {
 		maxDelay:   o.maxDelay,
 		maxWaiters: o.maxWaiters,
 		maxOwned:   o.maxOwned,
+		caps:       o.caps,
 		log:        o.log,
 		now:        time.Now,
 		stop:       stop,

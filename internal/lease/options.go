@@ -85,6 +85,9 @@ func (m *Manager) acquireOptions(name string, opts []AcquireOption) (acquireOpti
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if err := m.caps.capWait(&o); err != nil { // first: beyond the cap is the answer whatever else is wrong
+		return o, err
+	}
 	if err := ValidateName("name", name, false); err != nil {
 		return o, err
 	}

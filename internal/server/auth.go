@@ -2,51 +2,11 @@ package server
 
 import (
 	"context"
-	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
 
-	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/authz"
-)
-
-// AdminOnly are the methods only admins may call, whatever their request
-// names.
-var AdminOnly = map[string]bool{
-	coordinatorv1.LockService_ForceRelease_FullMethodName: true,
-	coordinatorv1.FenceService_DeleteMark_FullMethodName:  true,
-	coordinatorv1.FenceService_RebindMark_FullMethodName:  true,
-}
-
-// AnyKnownIdentity are the methods every identity named in the policy may
-// call: sessions belong to no lock name (each Acquire through a session is
-// checked by its name). A session belongs to the identity that opened it:
-// its handle answers no other (PERMISSION_DENIED, checked by the lease
-// package), and what it lists or releases is limited to the caller's lock
-// prefixes (withLockScope).
-var AnyKnownIdentity = map[string]bool{
-	coordinatorv1.LockService_OpenSession_FullMethodName:      true,
-	coordinatorv1.LockService_KeepAliveSession_FullMethodName: true,
-	coordinatorv1.LockService_CloseSession_FullMethodName:     true,
-}
-
-// exempt methods need no identity: probes (health) and tools (reflection)
-// must reach them.
-func exempt(fullMethod string) bool {
-	return strings.HasPrefix(fullMethod, "/grpc.health.v1.Health/") ||
-		strings.HasPrefix(fullMethod, "/grpc.reflection.")
-}
-
-type (
-	named    interface{ GetName() string }
-	prefixed interface{ GetPrefix() string }
-	resource interface{ GetResource() string }
 )
 
 // AuthOption configures AuthInterceptors.
@@ -112,7 +72,7 @@ func AuthInterceptors(store *authz.Store, opts ...AuthOption) (grpc.UnaryServerI
 			return err
 		}
 		if AdminOnly[info.FullMethod] && !store.Policy().IsAdmin(id) {
-			return denied(id, "may not call "+info.FullMethod+" (admins only)")
+			return errDenied(id, "may not call "+info.FullMethod+" (admins only)")
 		}
 		as := newAuthStream(ss, id, info.FullMethod, store, cfg)
 		open.add(as)
@@ -162,108 +122,5 @@ func (s *authStream) RecvMsg(m any) error {
 		s.first = m
 	}
 	s.mu.Unlock()
-	return nil
-}
-
-func identify(ctx context.Context, store *authz.Store, fromCN bool) (string, error) {
-	if p, ok := peer.FromContext(ctx); ok {
-		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
-			if id := authz.IdentityFromCert(ti.State.VerifiedChains[0][0], fromCN); id != "" {
-				return id, nil
-			}
-			if fromCN {
-				return "", status.Error(codes.Unauthenticated, "the client certificate names no identity (no URI SAN, DNS SAN or CN)")
-			}
-			return "", status.Error(codes.Unauthenticated, "the client certificate names no identity: it has no URI SAN (e.g. a SPIFFE ID) or DNS SAN; "+
-				"issue it with one (its subject CN counts only with --tls-identity-from-cn)")
-		}
-	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get("authorization")
-	if len(vals) == 0 {
-		return "", status.Error(codes.Unauthenticated, "no client certificate and no bearer token: present a client certificate or the metadata \"authorization: Bearer <token>\"")
-	}
-	tok, ok := bearerToken(vals[0])
-	if !ok || len(vals) > 1 {
-		return "", status.Error(codes.Unauthenticated, "malformed authorization metadata: want exactly one \"Bearer <token>\"")
-	}
-	id, ok := store.Tokens().Lookup(tok)
-	if !ok {
-		return "", status.Error(codes.Unauthenticated, "unknown bearer token")
-	}
-	return id, nil
-}
-
-// bearerToken is the token of an "authorization" value "Bearer <token>";
-// the scheme is case-insensitive (RFC 9110, section 11.1), so "bearer" and
-// "BEARER" are the same.
-func bearerToken(v string) (string, bool) {
-	scheme, tok, ok := strings.Cut(v, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
-		return "", false
-	}
-	return tok, true
-}
-
-func denied(id, what string) error {
-	return status.Errorf(codes.PermissionDenied, "identity %q %s; ask an admin to extend the policy", id, what)
-}
-
-func authorize(p *authz.Policy, id, method string, req any) error {
-	if AdminOnly[method] {
-		if p.IsAdmin(id) {
-			return nil
-		}
-		return denied(id, "may not call "+method+" (admins only)")
-	}
-	if AnyKnownIdentity[method] {
-		if p.Known(id) {
-			return nil
-		}
-		return denied(id, "is not in the authorization policy")
-	}
-	// A Hold stream names its lock in its first message (acquire or
-	// resume); the handler refuses any other first message, so heartbeats
-	// and releases ride on that check.
-	if h, ok := req.(*coordinatorv1.HoldRequest); ok {
-		switch {
-		case h.GetAcquire() != nil:
-			req = h.GetAcquire().GetRequest()
-		case h.GetResume() != nil:
-			req = h.GetResume()
-		default:
-			return nil
-		}
-	}
-	// ListMarks lists resources, not locks: its prefix is checked against
-	// the resource prefixes (and every mark it lists is inside it).
-	if r, ok := req.(*coordinatorv1.ListMarksRequest); ok {
-		if !p.MayListResources(id, r.GetPrefix()) {
-			return denied(id, "may not list the marks of this prefix: list a prefix inside your own resource prefixes")
-		}
-		return nil
-	}
-	checked := false
-	if r, ok := req.(named); ok {
-		checked = true
-		if !p.MayLock(id, r.GetName()) {
-			return denied(id, "may not use this lock name")
-		}
-	}
-	if r, ok := req.(prefixed); ok {
-		checked = true
-		if !p.MayList(id, r.GetPrefix()) {
-			return denied(id, "may not list this prefix: list a prefix inside your own")
-		}
-	}
-	if r, ok := req.(resource); ok && r.GetResource() != "" {
-		checked = true
-		if !p.MayResource(id, r.GetResource()) {
-			return denied(id, "may not use this resource")
-		}
-	}
-	if !checked && !p.IsAdmin(id) {
-		return denied(id, "may not call "+method+" (names no lock: admins only)")
-	}
 	return nil
 }

@@ -18,6 +18,20 @@ func withLockScope(ctx context.Context, store *authz.Store, id string) context.C
 	return context.WithValue(ctx, lockScopeKey{}, may)
 }
 
+// ownedOptions name the authenticated identity (never a request field) to
+// the lease domain, which counts the acquisition against that identity's
+// limit (lease.WithMaxLocksPerIdentity). Without an identity (no
+// authorization policy) there is nothing to count against: client
+// addresses are shared behind NAT and a Service, so they would make a poor
+// quota key.
+func ownedOptions(ctx context.Context) []lease.AcquireOption {
+	id, ok := authz.FromContext(ctx)
+	if !ok || id == "" {
+		return nil
+	}
+	return []lease.AcquireOption{lease.WithIdentity(id)}
+}
+
 // callerOptions name the authenticated identity (never a request field) to
 // an acquisition: its request id is looked up under it, and a session handle
 // must be its own. Without authentication: none.

@@ -3,11 +3,9 @@ package server
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -63,9 +61,7 @@ func (b *badMessages) take(m any) error {
 		return nil
 	}
 	name := string(m.(proto.Message).ProtoReflect().Descriptor().FullName())
-	return withReason(codes.InvalidArgument,
-		fmt.Sprintf("the request is not a valid protobuf encoding of %s (%v); send a message built by a protobuf library", name, v),
-		"MALFORMED_MESSAGE", map[string]string{"message": name})
+	return errMalformedMessage(name, v)
 }
 
 // interceptors refuse requests that did not decode, before authentication

@@ -3,8 +3,10 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -16,13 +18,16 @@ import (
 )
 
 // toStatus is the one place where domain errors become gRPC statuses
-// (DESIGN.md, "gRPC error contract"). Errors it does not know are logged
-// once here and become Internal.
+// (DESIGN.md, "gRPC error contract"); every handler's error leaves through
+// it. A stream's own failure (streamErr) passes unchanged. Errors it does
+// not know are logged once here and become Internal. TestErrorContract has
+// a row for every error of the domain packages.
 func toStatus(ctx context.Context, log *slog.Logger, method string, err error) error {
 	if err == nil {
 		return nil
 	}
 	var (
+		se *streamError
 		fe *lease.FieldError
 		ng *lease.NotGrantedError
 		tw *lease.TooManyWaitersError
@@ -31,6 +36,8 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		tm *fence.TooManyMarksError
 	)
 	switch {
+	case errors.As(err, &se):
+		return se.err // the stream's own failure: gRPC's answer already
 	case errors.As(err, &fe):
 		st := status.New(codes.InvalidArgument, err.Error())
 		return withDetails(st, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{
@@ -80,7 +87,7 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		return status.Error(codes.Unavailable, "etcd unavailable: "+st.Message()+"; safe to retry")
 	}
 	log.ErrorContext(ctx, "internal error", "method", method, "err", err)
-	return status.Error(codes.Internal, "internal error; the coordinator logged the cause")
+	return errInternal()
 }
 
 // withReason is a status whose ErrorInfo carries a stable, machine-readable
@@ -95,4 +102,69 @@ func withDetails(st *status.Status, detail protoadapt.MessageV1) error {
 		st = d
 	}
 	return st.Err()
+}
+
+// streamError is the failure of a stream itself (a Send or Recv error of
+// gRPC, or a refusal of an interceptor's RecvMsg): already the status the
+// call ends with, passed through toStatus unchanged.
+type streamError struct{ err error }
+
+func (e *streamError) Error() string { return e.err.Error() }
+
+// streamErr marks err, if any, as the stream's own failure.
+func streamErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &streamError{err: err}
+}
+
+// The refusals below are the statuses of the transport layer's own checks
+// (authentication, authorization, rate and stream limits, undecodable
+// messages, panics): no domain error stands behind them. They are built
+// here, and only here, so that errors.go is the whole error contract of
+// the server (hygiene_test.go checks that no other file builds a status).
+
+// errInternal hides the cause of a failure the coordinator logged.
+func errInternal() error {
+	return status.Error(codes.Internal, "internal error; the coordinator logged the cause")
+}
+
+// errUnauthenticated: the call names no identity the coordinator knows; msg
+// says which credential was missing or wrong.
+func errUnauthenticated(msg string) error { return status.Error(codes.Unauthenticated, msg) }
+
+// errDenied: the policy does not let identity id do what; what is phrased
+// to follow the identity ("may not use this lock name").
+func errDenied(id, what string) error {
+	return status.Errorf(codes.PermissionDenied, "identity %q %s; ask an admin to extend the policy", id, what)
+}
+
+// errIdentityRevoked ends an open stream whose credential or policy changed
+// (UNAUTHENTICATED or PERMISSION_DENIED, reason IDENTITY_REVOKED).
+func errIdentityRevoked(code codes.Code, msg, id string) error {
+	return withReason(code, msg, "IDENTITY_REVOKED", map[string]string{"identity": id})
+}
+
+// errRateLimited: the caller is beyond its rate limit (reason RATE_LIMITED).
+func errRateLimited(rps float64, burst int) error {
+	return withReason(codes.ResourceExhausted,
+		fmt.Sprintf("rate limit of %g requests/s (burst %d) exceeded for this caller (--rate-limit; every stream message counts); slow down and retry", rps, burst),
+		"RATE_LIMITED", map[string]string{"limit": strconv.FormatFloat(rps, 'g', -1, 64), "burst": strconv.Itoa(burst)})
+}
+
+// errTooManyStreams: the caller already has limit open streams of kind
+// ("Watch", "Hold"), reason TOO_MANY_STREAMS.
+func errTooManyStreams(kind string, limit int) error {
+	return withReason(codes.ResourceExhausted,
+		fmt.Sprintf("this caller already has %d open %s streams, the most allowed (--max-%s-streams-per-caller); close one, or share one stream between watchers", limit, kind, strings.ToLower(kind)),
+		"TOO_MANY_STREAMS", map[string]string{"method": kind, "limit": strconv.Itoa(limit)})
+}
+
+// errMalformedMessage: the request did not decode as the protobuf message
+// name (reason MALFORMED_MESSAGE).
+func errMalformedMessage(name string, cause any) error {
+	return withReason(codes.InvalidArgument,
+		fmt.Sprintf("the request is not a valid protobuf encoding of %s (%v); send a message built by a protobuf library", name, cause),
+		"MALFORMED_MESSAGE", map[string]string{"message": name})
 }

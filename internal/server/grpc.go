@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
-	"google.golang.org/grpc/status"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 )
@@ -48,7 +47,7 @@ func NewGRPCServer(svc *LockService, log *slog.Logger, opts ...Option) (*grpc.Se
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall), logging.WithLevels(callLevel)}
 	recOpts := []recovery.Option{recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "handler panic", "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-		return status.Error(codes.Internal, "internal error; the coordinator logged the cause")
+		return errInternal()
 	})}
 	c := newCodec()
 	badUnary, badStream := c.bad.interceptors()

@@ -167,9 +167,7 @@ func limitReason(t *testing.T, err error, reason, limit string, maximum int64) {
 }
 
 func TestMaxWaitersAndMaxWait(t *testing.T) {
-	limits := server.Limits{MaxWait: 2 * time.Second}
-	e := newEnvWith(t, []server.Option{server.WithInnerInterceptors([]grpc.UnaryServerInterceptor{limits.Interceptor()}, nil)},
-		lease.WithMaxWaitersPerLock(2))
+	e := newEnvWith(t, nil, lease.WithMaxWaitersPerLock(2), lease.WithMaxWait(2*time.Second))
 	e.acquire("crowd", time.Minute)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -202,6 +200,18 @@ func TestMaxWaitersAndMaxWait(t *testing.T) {
 	_, err = e.lc.Acquire(ctxT(t, 10*time.Second), &coordinatorv1.AcquireRequest{Name: "crowd", Wait: dur(time.Hour)})
 	if code(err) != codes.InvalidArgument || fieldOf(err) != "wait" {
 		t.Fatalf("wait 1h with max 2s: %v, want INVALID_ARGUMENT on wait", err)
+	}
+	// The first message of a Hold stream is an Acquire like any other.
+	st, err := e.lc.Hold(ctxT(t, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Acquire{Acquire: &coordinatorv1.HoldAcquire{
+		Request: &coordinatorv1.AcquireRequest{Name: "crowd", Wait: dur(time.Hour)}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); code(err) != codes.InvalidArgument || fieldOf(err) != "wait" {
+		t.Fatalf("Hold with wait 1h, max 2s: %v, want INVALID_ARGUMENT on wait", err)
 	}
 	_, err = e.lc.Acquire(ctxT(t, 20*time.Second), &coordinatorv1.AcquireRequest{Name: "crowd"})
 	if code(err) != codes.Aborted {

@@ -51,24 +51,20 @@ func (s *authStream) stillAllowed() error {
 	id, err := identify(s.ServerStream.Context(), s.store, s.cfg.fromCN)
 	switch {
 	case err != nil:
-		return withReason(codes.Unauthenticated, "the credentials of this stream were revoked: "+status.Convert(err).Message(),
-			"IDENTITY_REVOKED", map[string]string{"identity": s.id})
+		return errIdentityRevoked(codes.Unauthenticated, "the credentials of this stream were revoked: "+status.Convert(err).Message(), s.id)
 	case id != s.id:
-		return withReason(codes.Unauthenticated, "the credentials of this stream now name another identity; reconnect",
-			"IDENTITY_REVOKED", map[string]string{"identity": s.id})
+		return errIdentityRevoked(codes.Unauthenticated, "the credentials of this stream now name another identity; reconnect", s.id)
 	}
 	p := s.store.Policy()
 	s.mu.Lock()
 	first := s.first
 	s.mu.Unlock()
 	if AdminOnly[s.method] && !p.IsAdmin(id) || first == nil && !p.Known(id) {
-		return withReason(codes.PermissionDenied, "identity "+strconv.Quote(id)+" was removed from the authorization policy; this stream has ended",
-			"IDENTITY_REVOKED", map[string]string{"identity": id})
+		return errIdentityRevoked(codes.PermissionDenied, "identity "+strconv.Quote(id)+" was removed from the authorization policy; this stream has ended", id)
 	}
 	if first != nil {
 		if err := authorize(p, id, s.method, first); err != nil {
-			return withReason(codes.PermissionDenied, "the authorization policy changed: "+status.Convert(err).Message()+"; this stream has ended",
-				"IDENTITY_REVOKED", map[string]string{"identity": id})
+			return errIdentityRevoked(codes.PermissionDenied, "the authorization policy changed: "+status.Convert(err).Message()+"; this stream has ended", id)
 		}
 	}
 	return nil

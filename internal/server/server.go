@@ -1,5 +1,13 @@
-// Package server adapts gRPC requests of coordinator.v1.LockService to the
-// lease and fence domain packages.
+// Package server adapts gRPC requests of coordinator.v1.LockService and
+// FenceService to the lease and fence domain packages.
+//
+// One file per RPC group: locks.go (Acquire, Release, KeepAlive, Describe,
+// List), hold.go (Hold), watch.go (Watch), sessions.go (the session calls),
+// admin.go (ForceRelease), fence.go (ValidateToken and the marks). Each
+// handler adapts its request to the domain call and the result to its
+// response; every error leaves through toStatus (errors.go). The
+// interceptors live one per file: auth.go, ratelimit.go, streams.go,
+// codec.go, metrics.go.
 package server
 
 import (
@@ -55,87 +63,6 @@ func timestamp(t time.Time) *timestamppb.Timestamp {
 	return timestamppb.New(t)
 }
 
-// Acquire implements coordinatorv1.LockServiceServer.
-func (s *LockService) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest) (*coordinatorv1.AcquireResponse, error) {
-	const method = "Acquire"
-	opts, err := acquireOptions(req)
-	if err != nil {
-		return nil, s.fail(ctx, method, err)
-	}
-	opts = append(opts, ownedOptions(ctx)...)
-	opts = append(opts, callerOptions(ctx)...)
-	g, err := s.leases.Acquire(ctx, req.GetName(), opts...)
-	if err != nil {
-		return nil, s.fail(ctx, method, err)
-	}
-	return grantPB(g), nil
-}
-
-// acquireOptions converts an AcquireRequest's optional fields.
-func acquireOptions(req *coordinatorv1.AcquireRequest) ([]lease.AcquireOption, error) {
-	opts := []lease.AcquireOption{lease.WithOwner(req.GetOwner()), lease.WithRequestID(req.GetRequestId())}
-	for _, d := range []struct {
-		field string
-		v     *durationpb.Duration
-		opt   func(time.Duration) lease.AcquireOption
-	}{
-		{"ttl", req.GetTtl(), lease.WithTTL},
-		{"wait", req.GetWait(), lease.WithWait},
-		{"max_hold", req.GetMaxHold(), lease.WithMaxHold},
-		{"lock_delay", req.GetLockDelay(), lease.WithLockDelay},
-	} {
-		v, err := duration(d.field, d.v)
-		if err != nil {
-			return nil, err
-		}
-		if v != nil {
-			opts = append(opts, d.opt(*v))
-		}
-	}
-	if h := req.GetSessionHandle(); h != "" {
-		if req.GetTtl() != nil {
-			return nil, &lease.FieldError{Field: "ttl", Reason: "must be unset with session_handle: the session's TTL applies"}
-		}
-		opts = append(opts, lease.WithSession(h))
-	}
-	return opts, nil
-}
-
-func grantPB(g *lease.Grant) *coordinatorv1.AcquireResponse {
-	return &coordinatorv1.AcquireResponse{
-		Token:      g.Token,
-		Handle:     g.Handle,
-		LeaseId:    g.LeaseID,
-		Ttl:        durationpb.New(g.TTL),
-		ExpiresAt:  timestamp(g.ExpiresAt),
-		SafeUntil:  timestamp(g.SafeUntil),
-		AcquiredAt: timestamp(g.AcquiredAt),
-		Resumed:    g.Resumed,
-	}
-}
-
-// Release implements coordinatorv1.LockServiceServer.
-func (s *LockService) Release(ctx context.Context, req *coordinatorv1.ReleaseRequest) (*coordinatorv1.ReleaseResponse, error) {
-	ok, err := s.leases.Release(ctx, req.GetName(), req.GetToken(), req.GetHandle(), callOptions(ctx)...)
-	if err != nil {
-		return nil, s.fail(ctx, "Release", err)
-	}
-	return &coordinatorv1.ReleaseResponse{Released: ok}, nil
-}
-
-// KeepAlive implements coordinatorv1.LockServiceServer.
-func (s *LockService) KeepAlive(ctx context.Context, req *coordinatorv1.KeepAliveRequest) (*coordinatorv1.KeepAliveResponse, error) {
-	r, err := s.leases.KeepAlive(ctx, req.GetName(), req.GetToken(), req.GetHandle(), callOptions(ctx)...)
-	if err != nil {
-		return nil, s.fail(ctx, "KeepAlive", err)
-	}
-	return renewalPB(r), nil
-}
-
-func renewalPB(r *lease.Renewal) *coordinatorv1.KeepAliveResponse {
-	return &coordinatorv1.KeepAliveResponse{Ttl: durationpb.New(r.TTL), ExpiresAt: timestamp(r.ExpiresAt), SafeUntil: timestamp(r.SafeUntil)}
-}
-
 func holderPB(h *lease.Holder) *coordinatorv1.Holder {
 	return &coordinatorv1.Holder{
 		Name:       h.Name,
@@ -146,31 +73,10 @@ func holderPB(h *lease.Holder) *coordinatorv1.Holder {
 	}
 }
 
-// Describe implements coordinatorv1.LockServiceServer.
-func (s *LockService) Describe(ctx context.Context, req *coordinatorv1.DescribeRequest) (*coordinatorv1.DescribeResponse, error) {
-	d, err := s.leases.Describe(ctx, req.GetName())
-	if err != nil {
-		return nil, s.fail(ctx, "Describe", err)
-	}
-	resp := &coordinatorv1.DescribeResponse{}
-	if d.Holder != nil {
-		resp.Holder = holderPB(d.Holder)
-	}
-	for _, w := range d.Waiters {
-		resp.Waiters = append(resp.Waiters, &coordinatorv1.Waiter{Owner: w.Owner, WaitingSince: timestamp(w.WaitingSince)})
-	}
-	return resp, nil
-}
-
-// List implements coordinatorv1.LockServiceServer.
-func (s *LockService) List(ctx context.Context, req *coordinatorv1.ListRequest) (*coordinatorv1.ListResponse, error) {
-	hs, next, err := s.leases.List(ctx, req.GetPrefix(), int(req.GetPageSize()), req.GetPageToken())
-	if err != nil {
-		return nil, s.fail(ctx, "List", err)
-	}
-	resp := &coordinatorv1.ListResponse{NextPageToken: next}
+func holdersPB(hs []lease.Holder) []*coordinatorv1.Holder {
+	var out []*coordinatorv1.Holder
 	for i := range hs {
-		resp.Holders = append(resp.Holders, holderPB(&hs[i]))
+		out = append(out, holderPB(&hs[i]))
 	}
-	return resp, nil
+	return out
 }

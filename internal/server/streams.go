@@ -1,13 +1,9 @@
 package server
 
 import (
-	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 )
@@ -49,9 +45,7 @@ func (c StreamCaps) Interceptor() grpc.StreamServerInterceptor {
 		}
 		k := streamKey{caller: caller(ss.Context()), method: kind}
 		if !open.take(k, limit) {
-			return withReason(codes.ResourceExhausted,
-				fmt.Sprintf("this caller already has %d open %s streams, the most allowed (--max-%s-streams-per-caller); close one, or share one stream between watchers", limit, kind, strings.ToLower(kind)),
-				"TOO_MANY_STREAMS", map[string]string{"method": kind, "limit": strconv.Itoa(limit)})
+			return errTooManyStreams(kind, limit)
 		}
 		defer open.give(k)
 		return h(srv, ss)

@@ -1,0 +1,296 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/coordinatord/coordinatord/internal/fence"
+	"github.com/coordinatord/coordinatord/internal/lease"
+)
+
+// errorCase is one row of the error contract: the status a domain error
+// (or a refusal of the transport layer) leaves the server as.
+type errorCase struct {
+	name     string       // pkg.Identifier of the error it covers, or a description
+	st       func() error // what the server answers
+	code     codes.Code
+	reason   string            // ErrorInfo reason; "": no ErrorInfo
+	metadata map[string]string // ErrorInfo metadata
+	field    string            // BadRequest field; "": no BadRequest
+	logged   bool              // toStatus logs the cause (unknown errors)
+}
+
+// countingHandler counts the records logged through it.
+type countingHandler struct {
+	slog.Handler
+	n *atomic.Int64
+}
+
+func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h countingHandler) Handle(context.Context, slog.Record) error { h.n.Add(1); return nil }
+
+// Issue 14.4: every sentinel and typed error of the domain packages the
+// server adapts maps to its code and details in toStatus, and every refusal
+// of the interceptors (errors.go) carries its reason; the enumeration of
+// the domain packages' exported Err* variables and *Error types below makes
+// a new error without a row fail this test.
+func TestErrorContract(t *testing.T) {
+	var logged atomic.Int64
+	log := slog.New(countingHandler{Handler: slog.DiscardHandler, n: &logged})
+	mapped := func(err error) func() error {
+		return func() error { return toStatus(context.Background(), log, "Test", err) }
+	}
+	built := func(st error) func() error { return func() error { return st } }
+	etcdDown := status.Error(codes.Unavailable, "connection refused")
+	sent := status.Error(codes.Canceled, "context canceled") // a Send error of a stream
+
+	cases := []errorCase{
+		// lease: bad input, and the outcomes of an acquisition.
+		{name: "lease.FieldError", st: mapped(&lease.FieldError{Field: "ttl", Reason: "must be at least 1s"}), code: codes.InvalidArgument, field: "ttl"},
+		{name: "lease.NotGrantedError", st: mapped(&lease.NotGrantedError{Name: "l", HolderToken: 7}), code: codes.Aborted,
+			reason: "LOCK_HELD", metadata: map[string]string{"holder_token": "7"}},
+		{name: "lease.ErrNotGranted", st: mapped(fmt.Errorf("wrapped: %w", &lease.NotGrantedError{Name: "l"})), code: codes.Aborted,
+			reason: "LOCK_HELD", metadata: map[string]string{"holder_token": "0"}},
+		{name: "lease.ErrNotHeld", st: mapped(lease.ErrNotHeld), code: codes.NotFound},
+		{name: "lease.ErrLostWhileWaiting", st: mapped(lease.ErrLostWhileWaiting), code: codes.NotFound},
+		{name: "lease.ErrSessionNotFound", st: mapped(lease.ErrSessionNotFound), code: codes.NotFound},
+		{name: "lease.ErrMaxHold", st: mapped(lease.ErrMaxHold), code: codes.FailedPrecondition},
+		{name: "lease.ErrSessionBusy", st: mapped(lease.ErrSessionBusy), code: codes.FailedPrecondition},
+		{name: "lease.ErrRequestIDReused", st: mapped(lease.ErrRequestIDReused), code: codes.FailedPrecondition, reason: "REQUEST_ID_REUSED"},
+		{name: "lease.ErrSessionForbidden", st: mapped(lease.ErrSessionForbidden), code: codes.PermissionDenied, reason: "SESSION_OF_ANOTHER_IDENTITY"},
+		{name: "lease.ErrStoreFull", st: mapped(fmt.Errorf("%w: lease: join: etcdserver: mvcc: database space exceeded", lease.ErrStoreFull)),
+			code: codes.ResourceExhausted, reason: "STORE_FULL"},
+		{name: "lease.TooManyWaitersError", st: mapped(&lease.TooManyWaitersError{Name: "l", Limit: 3}), code: codes.ResourceExhausted,
+			reason: "TOO_MANY_WAITERS", metadata: map[string]string{"limit": "max-waiters-per-lock", "maximum": "3"}},
+		{name: "lease.ErrTooManyWaiters", st: mapped(fmt.Errorf("join: %w", &lease.TooManyWaitersError{Name: "l", Limit: 1})), code: codes.ResourceExhausted,
+			reason: "TOO_MANY_WAITERS", metadata: map[string]string{"limit": "max-waiters-per-lock", "maximum": "1"}},
+		{name: "lease.TooManyLocksError", st: mapped(&lease.TooManyLocksError{Count: 2, Limit: 2}), code: codes.ResourceExhausted,
+			reason: "TOO_MANY_LOCKS", metadata: map[string]string{"limit": "max-locks-per-identity", "maximum": "2"}},
+		{name: "lease.ErrTooManyLocks", st: mapped(fmt.Errorf("join: %w", &lease.TooManyLocksError{Count: 5, Limit: 5})), code: codes.ResourceExhausted,
+			reason: "TOO_MANY_LOCKS", metadata: map[string]string{"limit": "max-locks-per-identity", "maximum": "5"}},
+		{name: "lease.ErrCompacted", st: mapped(lease.ErrCompacted), code: codes.OutOfRange},
+		{name: "lease.ErrShuttingDown", st: mapped(lease.ErrShuttingDown), code: codes.Unavailable},
+		{name: "lease.ErrUnavailable", st: mapped(fmt.Errorf("%w: lease: join: etcdserver: no leader", lease.ErrUnavailable)), code: codes.Unavailable},
+
+		// fence: marks.
+		{name: "fence.ErrNoMark", st: mapped(fence.ErrNoMark), code: codes.NotFound},
+		{name: "fence.MarkOwnedError", st: mapped(&fence.MarkOwnedError{Resource: "db", Lock: "a", Owner: "b"}), code: codes.FailedPrecondition,
+			reason: "MARK_OWNED_BY_OTHER_LOCK", metadata: map[string]string{"lock": "b", "resource": "db"}},
+		{name: "fence.ErrMarkOwnedByOtherLock", st: mapped(fmt.Errorf("validate: %w", &fence.MarkOwnedError{Resource: "r", Lock: "x", Owner: "y"})),
+			code: codes.FailedPrecondition, reason: "MARK_OWNED_BY_OTHER_LOCK", metadata: map[string]string{"lock": "y", "resource": "r"}},
+		{name: "fence.TooManyMarksError", st: mapped(&fence.TooManyMarksError{Count: 4, Limit: 4}), code: codes.ResourceExhausted,
+			reason: "TOO_MANY_MARKS", metadata: map[string]string{"limit": "4", "count": "4"}},
+		{name: "fence.ErrTooManyMarks", st: mapped(fmt.Errorf("validate: %w", &fence.TooManyMarksError{Count: 1, Limit: 1})), code: codes.ResourceExhausted,
+			reason: "TOO_MANY_MARKS", metadata: map[string]string{"limit": "1", "count": "1"}},
+
+		// The caller's context, etcd's transport, stream failures, the unknown.
+		{name: "context.DeadlineExceeded", st: mapped(fmt.Errorf("lease: join: %w", context.DeadlineExceeded)), code: codes.DeadlineExceeded},
+		{name: "context.Canceled", st: mapped(context.Canceled), code: codes.Canceled},
+		{name: "etcd transport Unavailable", st: mapped(fmt.Errorf("lease: read: %w", etcdDown)), code: codes.Unavailable},
+		{name: "stream failure passes unchanged", st: mapped(fmt.Errorf("watch: %w", streamErr(sent))), code: codes.Canceled},
+		{name: "unknown error: Internal, logged", st: mapped(errors.New("boom")), code: codes.Internal, logged: true},
+		{name: "unknown gRPC status: Internal, logged", st: mapped(status.Error(codes.DataLoss, "etcd said so")), code: codes.Internal, logged: true},
+		{name: "nil stays nil", st: mapped(nil), code: codes.OK},
+
+		// The refusals of the transport layer.
+		{name: "errInternal", st: built(errInternal()), code: codes.Internal},
+		{name: "errUnauthenticated", st: built(errUnauthenticated("unknown bearer token")), code: codes.Unauthenticated},
+		{name: "errDenied", st: built(errDenied("alice", "may not use this lock name")), code: codes.PermissionDenied},
+		{name: "errIdentityRevoked", st: built(errIdentityRevoked(codes.PermissionDenied, "the policy changed", "alice")), code: codes.PermissionDenied,
+			reason: "IDENTITY_REVOKED", metadata: map[string]string{"identity": "alice"}},
+		{name: "errRateLimited", st: built(errRateLimited(0.5, 3)), code: codes.ResourceExhausted,
+			reason: "RATE_LIMITED", metadata: map[string]string{"limit": "0.5", "burst": "3"}},
+		{name: "errTooManyStreams", st: built(errTooManyStreams("Watch", 2)), code: codes.ResourceExhausted,
+			reason: "TOO_MANY_STREAMS", metadata: map[string]string{"method": "Watch", "limit": "2"}},
+		{name: "errMalformedMessage", st: built(errMalformedMessage("coordinator.v1.AcquireRequest", "cannot parse")), code: codes.InvalidArgument,
+			reason: "MALFORMED_MESSAGE", metadata: map[string]string{"message": "coordinator.v1.AcquireRequest"}},
+	}
+
+	covered := map[string]bool{}
+	for _, tc := range cases {
+		covered[tc.name] = true
+	}
+	for _, name := range domainErrors(t) {
+		if !covered[name] {
+			t.Errorf("%s has no row in TestErrorContract: map it in toStatus (errors.go) and add its row", name)
+		}
+	}
+
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := logged.Load()
+			st := tc.st()
+			if got, want := logged.Load()-before, map[bool]int64{false: 0, true: 1}[tc.logged]; got != want {
+				t.Errorf("logged %d records, want %d", got, want)
+			}
+			checkStatus(t, tc, st)
+		})
+	}
+}
+
+func checkStatus(t *testing.T, tc errorCase, err error) {
+	t.Helper()
+	st := status.Convert(err)
+	if st.Code() != tc.code {
+		t.Fatalf("code %v (%v), want %v", st.Code(), err, tc.code)
+	}
+	var info *errdetails.ErrorInfo
+	var bad *errdetails.BadRequest
+	for _, d := range st.Details() {
+		switch d := d.(type) {
+		case *errdetails.ErrorInfo:
+			info = d
+		case *errdetails.BadRequest:
+			bad = d
+		}
+	}
+	switch {
+	case tc.reason == "" && info != nil:
+		t.Errorf("ErrorInfo %v, want none", info)
+	case tc.reason != "" && info == nil:
+		t.Errorf("no ErrorInfo, want reason %s", tc.reason)
+	case info != nil:
+		if info.GetReason() != tc.reason || info.GetDomain() != "coordinatord" {
+			t.Errorf("ErrorInfo reason %q domain %q, want %q in coordinatord", info.GetReason(), info.GetDomain(), tc.reason)
+		}
+		if !maps.Equal(info.GetMetadata(), tc.metadata) {
+			t.Errorf("ErrorInfo metadata %v, want %v", info.GetMetadata(), tc.metadata)
+		}
+	}
+	switch {
+	case tc.field == "" && bad != nil:
+		t.Errorf("BadRequest %v, want none", bad)
+	case tc.field != "" && (bad == nil || len(bad.GetFieldViolations()) != 1 || bad.GetFieldViolations()[0].GetField() != tc.field):
+		t.Errorf("BadRequest %v, want one violation of %q", bad, tc.field)
+	}
+	if tc.code != codes.OK && st.Message() == "" {
+		t.Error("empty message: say what happened and what to do")
+	}
+}
+
+// domainErrors are the exported error sentinels (Err* variables) and typed
+// errors (*Error types) of the internal packages the server imports, as
+// pkg.Identifier, read from their source so that none is forgotten.
+func domainErrors(t *testing.T) []string {
+	t.Helper()
+	const internal = "github.com/coordinatord/coordinatord/internal/"
+	fset := token.NewFileSet()
+	pkgs := map[string]bool{}
+	for _, file := range goFiles(t, ".") {
+		f, err := parser.ParseFile(fset, file, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			if p, _ := strconv.Unquote(imp.Path.Value); strings.HasPrefix(p, internal) {
+				pkgs[strings.TrimPrefix(p, internal)] = true
+			}
+		}
+	}
+	if !pkgs["lease"] || !pkgs["fence"] {
+		t.Fatalf("the server imports %v: the enumeration of domain errors is broken", slices.Sorted(maps.Keys(pkgs)))
+	}
+	var names []string
+	for pkg := range pkgs {
+		for _, file := range goFiles(t, filepath.Join("..", pkg)) {
+			f, err := parser.ParseFile(fset, file, nil, parser.SkipObjectResolution)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, decl := range f.Decls {
+				gd, ok := decl.(*ast.GenDecl)
+				if !ok {
+					continue
+				}
+				for _, spec := range gd.Specs {
+					switch s := spec.(type) {
+					case *ast.ValueSpec:
+						for _, n := range s.Names {
+							if n.IsExported() && strings.HasPrefix(n.Name, "Err") {
+								names = append(names, f.Name.Name+"."+n.Name)
+							}
+						}
+					case *ast.TypeSpec:
+						if s.Name.IsExported() && strings.HasSuffix(s.Name.Name, "Error") {
+							names = append(names, f.Name.Name+"."+s.Name.Name)
+						}
+					}
+				}
+			}
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// goFiles are the non-test Go files of dir.
+func goFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []string
+	for _, e := range entries {
+		if n := e.Name(); strings.HasSuffix(n, ".go") && !strings.HasSuffix(n, "_test.go") {
+			files = append(files, filepath.Join(dir, n))
+		}
+	}
+	return files
+}
+
+// Issue 14.4: errors.go is the whole error contract: no other file of the
+// server builds a gRPC status (status.New, status.Error, status.Errorf,
+// withReason, withDetails); they return domain errors, streamErr or a
+// refusal of errors.go.
+func TestStatusesAreBuiltOnlyInErrorsGo(t *testing.T) {
+	builders := map[string]bool{"status.New": true, "status.Newf": true, "status.Error": true, "status.Errorf": true,
+		"withReason": true, "withDetails": true}
+	fset := token.NewFileSet()
+	for _, file := range goFiles(t, ".") {
+		if file == "errors.go" {
+			continue
+		}
+		f, err := parser.ParseFile(fset, file, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			var name string
+			switch fn := call.Fun.(type) {
+			case *ast.Ident:
+				name = fn.Name
+			case *ast.SelectorExpr:
+				if x, ok := fn.X.(*ast.Ident); ok {
+					name = x.Name + "." + fn.Sel.Name
+				}
+			}
+			if builders[name] {
+				t.Errorf("%s: %s builds a status outside errors.go: return a domain error, or add a named refusal to errors.go", fset.Position(call.Pos()), name)
+			}
+			return true
+		})
+	}
+}

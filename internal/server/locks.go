@@ -1,0 +1,123 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/lease"
+)
+
+// Acquire implements coordinatorv1.LockServiceServer.
+func (s *LockService) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest) (*coordinatorv1.AcquireResponse, error) {
+	g, err := s.acquire(ctx, req)
+	if err != nil {
+		return nil, s.fail(ctx, "Acquire", err)
+	}
+	return grantPB(g), nil
+}
+
+// acquire is the domain call of an AcquireRequest, as Acquire and the first
+// message of a Hold make it: the request's fields and the authenticated
+// caller (never a request field).
+func (s *LockService) acquire(ctx context.Context, req *coordinatorv1.AcquireRequest) (*lease.Grant, error) {
+	opts, err := acquireOptions(req)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, ownedOptions(ctx)...)
+	opts = append(opts, callerOptions(ctx)...)
+	return s.leases.Acquire(ctx, req.GetName(), opts...)
+}
+
+// acquireOptions converts an AcquireRequest's optional fields.
+func acquireOptions(req *coordinatorv1.AcquireRequest) ([]lease.AcquireOption, error) {
+	opts := []lease.AcquireOption{lease.WithOwner(req.GetOwner()), lease.WithRequestID(req.GetRequestId())}
+	for _, d := range []struct {
+		field string
+		v     *durationpb.Duration
+		opt   func(time.Duration) lease.AcquireOption
+	}{
+		{"ttl", req.GetTtl(), lease.WithTTL},
+		{"wait", req.GetWait(), lease.WithWait},
+		{"max_hold", req.GetMaxHold(), lease.WithMaxHold},
+		{"lock_delay", req.GetLockDelay(), lease.WithLockDelay},
+	} {
+		v, err := duration(d.field, d.v)
+		if err != nil {
+			return nil, err
+		}
+		if v != nil {
+			opts = append(opts, d.opt(*v))
+		}
+	}
+	if h := req.GetSessionHandle(); h != "" {
+		if req.GetTtl() != nil {
+			return nil, &lease.FieldError{Field: "ttl", Reason: "must be unset with session_handle: the session's TTL applies"}
+		}
+		opts = append(opts, lease.WithSession(h))
+	}
+	return opts, nil
+}
+
+func grantPB(g *lease.Grant) *coordinatorv1.AcquireResponse {
+	return &coordinatorv1.AcquireResponse{
+		Token:      g.Token,
+		Handle:     g.Handle,
+		LeaseId:    g.LeaseID,
+		Ttl:        durationpb.New(g.TTL),
+		ExpiresAt:  timestamp(g.ExpiresAt),
+		SafeUntil:  timestamp(g.SafeUntil),
+		AcquiredAt: timestamp(g.AcquiredAt),
+		Resumed:    g.Resumed,
+	}
+}
+
+// Release implements coordinatorv1.LockServiceServer.
+func (s *LockService) Release(ctx context.Context, req *coordinatorv1.ReleaseRequest) (*coordinatorv1.ReleaseResponse, error) {
+	ok, err := s.leases.Release(ctx, req.GetName(), req.GetToken(), req.GetHandle(), callOptions(ctx)...)
+	if err != nil {
+		return nil, s.fail(ctx, "Release", err)
+	}
+	return &coordinatorv1.ReleaseResponse{Released: ok}, nil
+}
+
+// KeepAlive implements coordinatorv1.LockServiceServer.
+func (s *LockService) KeepAlive(ctx context.Context, req *coordinatorv1.KeepAliveRequest) (*coordinatorv1.KeepAliveResponse, error) {
+	r, err := s.leases.KeepAlive(ctx, req.GetName(), req.GetToken(), req.GetHandle(), callOptions(ctx)...)
+	if err != nil {
+		return nil, s.fail(ctx, "KeepAlive", err)
+	}
+	return renewalPB(r), nil
+}
+
+func renewalPB(r *lease.Renewal) *coordinatorv1.KeepAliveResponse {
+	return &coordinatorv1.KeepAliveResponse{Ttl: durationpb.New(r.TTL), ExpiresAt: timestamp(r.ExpiresAt), SafeUntil: timestamp(r.SafeUntil)}
+}
+
+// Describe implements coordinatorv1.LockServiceServer.
+func (s *LockService) Describe(ctx context.Context, req *coordinatorv1.DescribeRequest) (*coordinatorv1.DescribeResponse, error) {
+	d, err := s.leases.Describe(ctx, req.GetName())
+	if err != nil {
+		return nil, s.fail(ctx, "Describe", err)
+	}
+	resp := &coordinatorv1.DescribeResponse{}
+	if d.Holder != nil {
+		resp.Holder = holderPB(d.Holder)
+	}
+	for _, w := range d.Waiters {
+		resp.Waiters = append(resp.Waiters, &coordinatorv1.Waiter{Owner: w.Owner, WaitingSince: timestamp(w.WaitingSince)})
+	}
+	return resp, nil
+}
+
+// List implements coordinatorv1.LockServiceServer.
+func (s *LockService) List(ctx context.Context, req *coordinatorv1.ListRequest) (*coordinatorv1.ListResponse, error) {
+	hs, next, err := s.leases.List(ctx, req.GetPrefix(), int(req.GetPageSize()), req.GetPageToken())
+	if err != nil {
+		return nil, s.fail(ctx, "List", err)
+	}
+	return &coordinatorv1.ListResponse{Holders: holdersPB(hs), NextPageToken: next}, nil
+}
