@@ -157,7 +157,7 @@ func (c *Client) Acquire(ctx context.Context, name string, opts ...AcquireOption
 	if time.Since(first) > l.interval() {
 		if err := l.confirm(ctx); err != nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-			l.end(rctx, err)
+			_ = l.end(rctx, err) // best effort: an unreleased grant ends with its TTL; err is the answer
 			cancel()
 			return nil, fmt.Errorf("client: lock %q granted (token %d) but not confirmed: %w", name, g.Token, err)
 		}

@@ -210,7 +210,7 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	for _, l := range locks {
 		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-		l.end(ctx, ErrClosed)
+		_ = l.end(ctx, ErrClosed) // best effort, as promised: an unreleased lock ends with its TTL
 		cancel()
 	}
 	c.halt()

@@ -58,7 +58,11 @@ func ExampleClient_Describe() {
 		fmt.Println(err)
 		return
 	}
-	defer lock.Release(ctx)
+	defer func() {
+		if err := lock.Release(ctx); err != nil {
+			fmt.Println(err)
+		}
+	}()
 	d, err := c.Describe(ctx, "ops/report-a")
 	if err != nil {
 		fmt.Println(err)
@@ -88,7 +92,11 @@ func ExampleClient_List() {
 			fmt.Println(err)
 			return
 		}
-		defer lock.Release(ctx)
+		defer func() {
+			if err := lock.Release(ctx); err != nil {
+				fmt.Println(err)
+			}
+		}()
 	}
 	for h, err := range c.List(ctx, "shards/", client.WithPageSize(2)) {
 		if err != nil {

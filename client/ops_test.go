@@ -37,7 +37,7 @@ func TestGrantByRef(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { c.Release(ctxT(t, 5*time.Second), other.GrantRef) })
+	t.Cleanup(func() { _, _ = c.Release(ctxT(t, 5*time.Second), other.GrantRef) })
 	wrong := g.GrantRef
 	wrong.Handle = other.Handle // well-formed, but another grant's
 	for _, tc := range []struct {
@@ -74,7 +74,7 @@ func TestPagerPages(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { l.Release(ctxT(t, 5*time.Second)) })
+		t.Cleanup(func() { _ = l.Release(ctxT(t, 5*time.Second)) })
 	}
 	p := c.Pages("t/pages/", client.WithPageSize(2))
 	var sizes []int

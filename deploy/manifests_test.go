@@ -150,7 +150,7 @@ func daemonFlags(t *testing.T) string {
 		cmd := exec.Command("go", "build", "-o", bin, "./cmd/coordinatord")
 		cmd.Dir = ".."
 		if out, err := cmd.CombinedOutput(); err != nil {
-			helpErr = fmt.Errorf("build coordinatord: %v\n%s", err, out)
+			helpErr = fmt.Errorf("build coordinatord: %w\n%s", err, out)
 			return
 		}
 		out, err := exec.Command(bin, "-help").CombinedOutput()

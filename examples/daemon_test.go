@@ -102,7 +102,7 @@ func startDaemon(t *testing.T) string {
 			}
 		case <-time.After(20 * time.Second):
 			_ = cmd.Process.Kill()
-			<-done
+			t.Logf("coordinatord killed: %v", <-done)
 			t.Error("coordinatord still running 20s after SIGINT")
 		}
 	})

@@ -157,7 +157,7 @@ func TestReadmeGrpcurlWalkthrough(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		_ = cmd.Process.Kill()
-		<-done
+		t.Logf("walkthrough killed: %v", <-done)
 		t.Fatalf("walkthrough still running after 60s:\n%s", out.String())
 	}
 

@@ -64,7 +64,11 @@ func ExampleGate_Middleware() {
 		fmt.Println(err)
 		return
 	}
-	defer lock.Release(ctx)
+	defer func() {
+		if err := lock.Release(ctx); err != nil {
+			fmt.Println(err)
+		}
+	}()
 	write := func(token int64) int {
 		req, _ := http.NewRequest(http.MethodPut, srv.URL+"/invoice/42", nil)
 		fence.SetHeaders(req.Header, lock.Name(), token)

@@ -90,7 +90,7 @@ func TestGuardEdges(t *testing.T) {
 		t.Fatalf("Admit(0): %v", err)
 	}
 	boom := errors.New("boom")
-	if err := g.Do(12, func() error { return boom }); err != boom {
+	if err := g.Do(12, func() error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("Do returned %v, want the write's error", err)
 	}
 	if err := g.Admit(11); !errors.Is(err, fence.ErrStale) {
@@ -210,7 +210,7 @@ func TestMiddlewareWithCoordinator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Release(context.Background())
+	defer func() { _ = b.Release(context.Background()) }()
 	if s := httpPut(t, srv.URL, "photos", b.Token()); s != http.StatusOK {
 		t.Fatalf("new holder's write: %d", s)
 	}
@@ -249,12 +249,12 @@ func TestMiddlewareResourceOwnedByAnotherLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer owner.Release(context.Background())
+	defer func() { _ = owner.Release(context.Background()) }()
 	other, err := c.Acquire(ctxT(t, 10*time.Second), "other-writer", client.WithTTL(5*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer other.Release(context.Background())
+	defer func() { _ = other.Release(context.Background()) }()
 	if s := httpPut(t, srv.URL, "owned-writer", owner.Token()); s != http.StatusOK {
 		t.Fatalf("owner's write: %d", s)
 	}

@@ -153,11 +153,15 @@ func (g *Gate) Do(ctx context.Context, lock string, token int64, write func(cont
 		cctx, cancel := context.WithTimeout(ctx, g.checkTimeout)
 		defer cancel()
 		v, err := g.val.ValidateToken(cctx, lock, token, g.resource)
+		// The check's own failure is text only, never a wrapped cause: it is
+		// a gRPC status (or a context error of checkTimeout), and wrapping it
+		// would make status.Code(err) and errors.Is(err, context.*) of the
+		// caller's handler see the coordinator's answer as the request's.
 		if ownedByAnotherLock(err) {
-			return fmt.Errorf("%w: %v", ErrWrongLock, err)
+			return fmt.Errorf("%w: %v", ErrWrongLock, err) //nolint:errorlint // the status stays text: see above
 		}
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrUnavailable, err)
+			return fmt.Errorf("%w: %v", ErrUnavailable, err) //nolint:errorlint // the status stays text: see above
 		}
 		if !v.Valid {
 			return &StaleError{Lock: lock, Token: token, Reason: v.Reason.String()}

@@ -260,8 +260,11 @@ func (b *bench) validate(c cell, rep int, profile string) (result, error) {
 		locks[w] = lock{name: name, token: h.token, key: h.key, h: h}
 		if c.system == sysGet {
 			r, err := b.cl.etcd[0].Get(ctx, h.key)
-			if err != nil || len(r.Kvs) != 1 {
-				return result{}, fmt.Errorf("validate setup: read %q: %v", h.key, err)
+			if err != nil {
+				return result{}, fmt.Errorf("validate setup: read %q: %w", h.key, err)
+			}
+			if len(r.Kvs) != 1 {
+				return result{}, fmt.Errorf("validate setup: read %q: %d keys, want 1", h.key, len(r.Kvs))
 			}
 			locks[w].token = r.Kvs[0].CreateRevision
 		}

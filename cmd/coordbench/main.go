@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -132,7 +133,7 @@ func parse(args []string) (config, error) {
 
 func run(args []string) int {
 	cfg, err := parse(args)
-	if err == flag.ErrHelp {
+	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	if err != nil {
@@ -167,12 +168,12 @@ func bench1(cfg config) (rep *report, err error) {
 	if err != nil {
 		return nil, err
 	}
-	defer etcd.stop()
+	defer stopLogged(roleEtcd, etcd)
 	coord, err := startChild(roleCoordinator, "-etcd", etcd.addr)
 	if err != nil {
 		return nil, err
 	}
-	defer coord.stop()
+	defer stopLogged(roleCoordinator, coord)
 
 	workers := slices.Max(slices.Concat(cfg.clients, cfg.contended, []int{1}))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -132,10 +132,18 @@ func startChild(role string, args ...string) (*child, error) {
 		c.addr, c.pprof = f[0], f[1]
 		return c, nil
 	case err := <-c.done:
-		return nil, fmt.Errorf("%s exited before it was ready: %v", role, err)
+		return nil, fmt.Errorf("%s exited before it was ready: %w", role, err)
 	case <-time.After(60 * time.Second):
 		_ = cmd.Process.Kill()
 		return nil, fmt.Errorf("%s not ready after 60s", role)
+	}
+}
+
+// stopLogged stops the child and says on stderr if it did not exit
+// cleanly; the run's own outcome stands (the measurements are done).
+func stopLogged(role string, c *child) {
+	if err := c.stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "coordbench: stop %s: %v\n", role, err)
 	}
 }
 

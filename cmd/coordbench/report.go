@@ -246,7 +246,9 @@ func memTotal() string {
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, "MemTotal:"); ok {
 			var kb float64
-			fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &kb)
+			if _, err := fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &kb); err != nil {
+				return "unknown"
+			}
 			return fmt.Sprintf("%.1f GiB", kb/1024/1024)
 		}
 	}

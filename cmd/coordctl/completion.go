@@ -87,6 +87,9 @@ func cmdCompletion(e *env, args []string) int {
 		}
 		return exitUsage
 	}
-	io.WriteString(e.stdout, bashCompletion)
+	if _, err := io.WriteString(e.stdout, bashCompletion); err != nil {
+		fmt.Fprintln(e.stderr, "coordctl completion:", err)
+		return exitError
+	}
 	return exitOK
 }

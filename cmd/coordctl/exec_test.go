@@ -99,8 +99,12 @@ func TestExecNeverOverlaps(t *testing.T) {
 	for i := 0; i < len(lines); i += 2 {
 		var sw, ew, sid, eid string
 		var start, end int64
-		fmt.Sscan(lines[i], &sw, &sid, &start)
-		fmt.Sscan(lines[i+1], &ew, &eid, &end)
+		if _, err := fmt.Sscan(lines[i], &sw, &sid, &start); err != nil {
+			t.Fatalf("line %q: %v", lines[i], err)
+		}
+		if _, err := fmt.Sscan(lines[i+1], &ew, &eid, &end); err != nil {
+			t.Fatalf("line %q: %v", lines[i+1], err)
+		}
 		if sw != "start" || ew != "end" || sid != eid || seen[sid] || start < prevEnd || end < start {
 			t.Fatalf("runs overlap (or the log is garbled) at line %d:\n%s", i+1, b)
 		}
@@ -157,7 +161,7 @@ func wantLost(t *testing.T, cmd *exec.Cmd, out *syncBuffer, pid int) {
 	case err = <-waited:
 	case <-time.After(30 * time.Second):
 		_ = cmd.Process.Kill()
-		<-waited
+		t.Logf("coordctl exec killed: %v", <-waited)
 		t.Fatalf("coordctl exec still runs 30s after its lock was lost; output:\n%s", out.String())
 	}
 	var ee *exec.ExitError

@@ -29,7 +29,9 @@ func startSecureDaemon(t *testing.T, cfg daemon.Config) string {
 	go func() { done <- daemon.Run(ctx, cfg) }()
 	t.Cleanup(func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Logf("daemon.Run after cancel: %v", err)
+		}
 	})
 	select {
 	case a := <-addrs:

@@ -86,7 +86,7 @@ func applyEnv(fs *flag.FlagSet, environ []string) (unknown []string, err error) 
 			continue // set but empty: unset, as a manifest's `value: ""` means
 		}
 		if err := fs.Set(name, v); err != nil {
-			return nil, fmt.Errorf("%s=%q: %v (refused as -%s would be)", k, v, err, name)
+			return nil, fmt.Errorf("%s=%q: %w (refused as -%s would be)", k, v, err, name)
 		}
 	}
 	slices.Sort(unknown)

@@ -87,7 +87,7 @@ func startDaemon(t *testing.T, args ...string) *proc {
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Kill()
-			<-p.done
+			t.Logf("coordinatord killed at cleanup: %v", <-p.done)
 		}
 	})
 	select {

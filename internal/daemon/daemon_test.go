@@ -35,6 +35,7 @@ func TestMain(m *testing.M) {
 
 // running is a daemon.Run in this process.
 type running struct {
+	t                     *testing.T
 	addr, metrics, health string
 	done                  chan error
 	cancel                context.CancelFunc
@@ -42,7 +43,7 @@ type running struct {
 
 func run(t *testing.T, cfg daemon.Config) *running {
 	t.Helper()
-	r := &running{done: make(chan error, 1)}
+	r := &running{t: t, done: make(chan error, 1)}
 	addrs := make(chan string, 3)
 	cfg.Listen = "127.0.0.1:0"
 	cfg.OnListen = func(a net.Addr) { addrs <- "grpc " + a.String() }
@@ -95,7 +96,9 @@ func (r *running) stop() {
 	}
 	r.cancel()
 	r.cancel = nil
-	<-r.done
+	if err := <-r.done; err != nil {
+		r.t.Logf("daemon.Run after cancel: %v", err)
+	}
 }
 
 func (r *running) conn(t *testing.T, opts ...grpc.DialOption) *grpc.ClientConn {
@@ -217,7 +220,7 @@ func TestMetricsAfterAScriptedScenario(t *testing.T) {
 		return m["coordinatord_lock_waiters"][""] == 1 && m["coordinatord_locks_held"][""] == 2
 	})
 	stopWaiting()
-	<-waited // cancelled
+	t.Logf("cancelled waiter: %v", <-waited)
 	for _, tok := range []int64{a.Token, a.Token - 1, a.Token + 1000} {
 		if _, err := lc.ValidateToken(ctxT(t), &coordinatorv1.ValidateTokenRequest{Name: "x", Token: tok}); err != nil {
 			t.Fatal(err)
@@ -340,7 +343,7 @@ func TestLimitsAreWired(t *testing.T) {
 		t.Fatalf("wait above max: %v, want INVALID_ARGUMENT", err)
 	}
 	cancel()
-	<-waited
+	t.Logf("cancelled waiter: %v", <-waited)
 	var err error
 	for range 200 { // burst 100: this caller runs out
 		if _, err = lc.ValidateToken(ctxT(t), &coordinatorv1.ValidateTokenRequest{Name: "l", Token: 1}); err != nil {

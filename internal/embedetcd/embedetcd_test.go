@@ -7,8 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/coordinatord/coordinatord/internal/embedetcd"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/coordinatord/coordinatord/internal/embedetcd"
 )
 
 func TestStartRestart(t *testing.T) {

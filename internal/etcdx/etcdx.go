@@ -44,14 +44,17 @@ var unavailable = []error{
 
 // Classify wraps the etcd errors that mean "etcd is unavailable, retry" in
 // ErrUnavailable, and etcd's "database space exceeded" in ErrStoreFull;
-// any other error is wrapped as it is. op names the operation.
+// any other error is wrapped as it is. op names the operation. The cause
+// stays inspectable (errors.Is(err, rpctypes.ErrNoLeader)); toStatus tests
+// ErrStoreFull and ErrUnavailable before any cause they may wrap
+// (context.DeadlineExceeded among them).
 func Classify(op string, err error) error {
 	if errors.Is(err, rpctypes.ErrNoSpace) {
-		return fmt.Errorf("%w: %s: %v", ErrStoreFull, op, err)
+		return fmt.Errorf("%w: %s: %w", ErrStoreFull, op, err)
 	}
 	for _, u := range unavailable {
 		if errors.Is(err, u) {
-			return fmt.Errorf("%w: %s: %v", ErrUnavailable, op, err)
+			return fmt.Errorf("%w: %s: %w", ErrUnavailable, op, err)
 		}
 	}
 	return fmt.Errorf("%s: %w", op, err)

@@ -38,7 +38,10 @@ func TestClassify(t *testing.T) {
 			if !errors.Is(got, tc.want) {
 				t.Fatalf("Classify(%v) = %v, want it to wrap %v", tc.err, got, tc.want)
 			}
-			if tc.want == other && (errors.Is(got, ErrUnavailable) || errors.Is(got, ErrStoreFull)) {
+			if !errors.Is(got, tc.err) {
+				t.Fatalf("Classify(%v) = %v: the cause is not inspectable", tc.err, got)
+			}
+			if errors.Is(tc.want, other) && (errors.Is(got, ErrUnavailable) || errors.Is(got, ErrStoreFull)) {
 				t.Fatalf("Classify(%v) = %v: an unknown error is classified", tc.err, got)
 			}
 		})

@@ -99,7 +99,10 @@ func (v *Validator) replaceIf(ctx context.Context, kv *mvccpb.KeyValue, m Mark, 
 // the same transaction. false: something changed; read again.
 func (v *Validator) deleteIf(ctx context.Context, kv *mvccpb.KeyValue, m Mark, also ...clientv3.Cmp) (bool, error) {
 	key := string(kv.Key)
-	cmps := append(also, clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision))
+	// A copy: appending to also could write into the caller's array.
+	cmps := make([]clientv3.Cmp, 0, len(also)+2)
+	cmps = append(cmps, also...)
+	cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision))
 	ops := []clientv3.Op{clientv3.OpDelete(key)}
 	if m.creator != "" {
 		c, err := v.readCount(ctx, m.creator)

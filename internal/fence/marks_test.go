@@ -58,7 +58,7 @@ func TestMarkCapPerIdentity(t *testing.T) {
 	if !errors.As(err, &tm) || tm.Limit != 2 || tm.Count != 2 {
 		t.Fatalf("a third mark by a: %v, want *TooManyMarksError 2/2", err)
 	}
-	if _, err := v.GetMark(ctx, "r3"); err != ErrNoMark {
+	if _, err := v.GetMark(ctx, "r3"); !errors.Is(err, ErrNoMark) {
 		t.Fatalf("a refused creation wrote a mark: %v", err)
 	}
 	// Existing marks are not creations: a (and anyone) still validates them.
@@ -81,7 +81,7 @@ func TestMarkCapPerIdentity(t *testing.T) {
 		t.Fatalf("counts after deleting r1: a=%d b=%d, want 1 and 1", ca, cb)
 	}
 	expectValid(t, v, a2, "r4", asA)
-	if _, err := v.DeleteMark(ctx, "r1"); err != ErrNoMark {
+	if _, err := v.DeleteMark(ctx, "r1"); !errors.Is(err, ErrNoMark) {
 		t.Fatalf("deleting a deleted mark: %v, want ErrNoMark", err)
 	}
 }
@@ -126,7 +126,7 @@ func TestMarkRetention(t *testing.T) {
 		t.Fatalf("mark before deletion: %+v, %v; want token %d", mk, err, c.Token)
 	}
 	sweep(3*retention, Sweep{Marks: 1, Deleted: 1})
-	if _, err := v.GetMark(ctx, "r"); err != ErrNoMark {
+	if _, err := v.GetMark(ctx, "r"); !errors.Is(err, ErrNoMark) {
 		t.Fatalf("mark after retention: %v, want ErrNoMark", err)
 	}
 	if n := count(t, v, ""); n != 0 {
@@ -149,7 +149,7 @@ func TestMarkRetention(t *testing.T) {
 			t.Fatalf("token %d with a newer holder: %+v, %v; want superseded", g.Token, verdict, err)
 		}
 	}
-	if _, err := v.GetMark(ctx, "r"); err != ErrNoMark {
+	if _, err := v.GetMark(ctx, "r"); !errors.Is(err, ErrNoMark) {
 		t.Fatalf("refused tokens created a mark: %v", err)
 	}
 	// The next current token starts a new mark.

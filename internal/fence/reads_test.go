@@ -39,7 +39,7 @@ func TestBatchedValidationsStayLinearizable(t *testing.T) {
 				got, err := v.Validate(ctx, g.Name, token, "")
 				if err != nil || got.Valid != (i%2 == 0) {
 					select {
-					case errs <- fmt.Errorf("validate(%s, %d) = %+v, %v", g.Name, token, got, err):
+					case errs <- fmt.Errorf("validate(%s, %d) = %+v, %w", g.Name, token, got, err):
 					default:
 					}
 					return

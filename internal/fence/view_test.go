@@ -104,14 +104,14 @@ func TestViewUnderConcurrentHandOffs(t *testing.T) {
 				}
 				for range 3 {
 					if got, err := v.Validate(ctx, "handoff", g.Token, ""); err != nil || !got.Valid {
-						errs <- fmt.Errorf("worker %d: holder's token %d: %+v %v", w, g.Token, got, err)
+						errs <- fmt.Errorf("worker %d: holder's token %d: %+v %w", w, g.Token, got, err)
 					}
 				}
 				if _, err := m.Release(ctx, "handoff", g.Token, g.Handle); err != nil {
 					errs <- err
 				}
 				if got, err := v.Validate(ctx, "handoff", g.Token, ""); err != nil || got.Valid {
-					errs <- fmt.Errorf("worker %d: released token %d still valid: %+v %v", w, g.Token, got, err)
+					errs <- fmt.Errorf("worker %d: released token %d still valid: %+v %w", w, g.Token, got, err)
 				}
 			}
 		}()

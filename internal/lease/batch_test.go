@@ -167,7 +167,7 @@ func TestReleaseAndJoinsOfOneLockShareATxn(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		if ok, err := m.Release(ctx, h.Name, h.Token, h.Handle); err != nil || !ok {
-			errs <- fmt.Errorf("release: %v %v", ok, err)
+			errs <- fmt.Errorf("release: %v %w", ok, err)
 		}
 	}()
 	for range joiners {
@@ -185,7 +185,7 @@ func TestReleaseAndJoinsOfOneLockShareATxn(t *testing.T) {
 			holders.Add(-1)
 			tokens <- g.Token
 			if ok, err := m.Release(ctx, g.Name, g.Token, g.Handle); err != nil || !ok {
-				errs <- fmt.Errorf("release of %d: %v %v", g.Token, ok, err)
+				errs <- fmt.Errorf("release of %d: %v %w", g.Token, ok, err)
 			}
 		}()
 	}

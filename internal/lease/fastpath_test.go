@@ -147,7 +147,7 @@ func TestSharedKeepalives(t *testing.T) {
 				defer wg.Done()
 				ttl, err := m.keepAliveOnce(ctx, id)
 				if want := int64(5 + i%7); err != nil || ttl != want {
-					errs <- fmt.Errorf("round %d lease %d: ttl %d, err %v; want %d", round, i, ttl, err, want)
+					errs <- fmt.Errorf("round %d lease %d: ttl %d, err %w; want %d", round, i, ttl, err, want)
 				}
 			}()
 		}
@@ -155,7 +155,7 @@ func TestSharedKeepalives(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			if _, err := m.keepAliveOnce(ctx, gone.ID); !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-				errs <- fmt.Errorf("revoked lease: err %v, want ErrLeaseNotFound", err)
+				errs <- fmt.Errorf("revoked lease: err %w, want ErrLeaseNotFound", err)
 			}
 		}()
 		wg.Wait()

@@ -182,7 +182,7 @@ func (m *Manager) describeEntry(a *attempt, o acquireOptions, start time.Time) {
 // any other failure withdraws the entry, which may have been written.
 func (m *Manager) joinOutcome(ctx, parent context.Context, a *attempt, o acquireOptions, ans joinAnswer, l *joinLease) (placed, error) {
 	res := ans.res
-	if res.err == nil && !(ans.shape.nested && !res.ok) {
+	if res.err == nil && (!ans.shape.nested || res.ok) {
 		a.token, a.modRev = res.rev, res.rev // written at res.rev
 	}
 	recycleFailed := l.settle()

@@ -281,7 +281,7 @@ func TestRefusalsOfAFullScopeProposeNothing(t *testing.T) {
 			done := make(chan error, 1)
 			go func() { _, err := m.Acquire(wctx, "full", WithTTL(time.Minute)); done <- err }()
 			eventually(t, "one waiter", func() bool { n, err := m.QueueLen(ctx, "full"); return err == nil && n == 2 })
-			return func() { cancel(); <-done }
+			return func() { cancel(); t.Logf("cancelled waiter: %v", <-done) }
 		}, func(m *Manager) error {
 			g, err := m.Acquire(ctx, "full", WithTTL(time.Minute), WithWait(50*time.Millisecond))
 			if err == nil {

@@ -91,7 +91,7 @@ func TestOwnedIndexFollowsEveryEnd(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer m.Release(ctx, lock, g.Token, g.Handle)
+			defer func() { _, _ = m.Release(ctx, lock, g.Token, g.Handle) }()
 			if _, err := m.Acquire(ctx, lock, mine(WithWait(300*time.Millisecond))...); !errors.Is(err, ErrNotGranted) {
 				t.Fatalf("wait: %v", err)
 			}

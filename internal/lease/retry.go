@@ -77,7 +77,7 @@ func (m *Manager) lookupRequest(ctx, parent context.Context, name string, o acqu
 // lease refreshed (the retry proves the client alive) unless past max hold.
 func (m *Manager) regrant(ctx, parent context.Context, a *attempt) (*Grant, error) {
 	refreshed := m.now()
-	ttl := time.Duration(a.ttl) * time.Second
+	var ttl time.Duration // the lease's remaining TTL, as etcd tells it
 	if a.rec.MaxHold == 0 || refreshed.Before(unixTime(a.rec.Acquired).Add(time.Duration(a.rec.MaxHold))) {
 		ka, err := m.renew(ctx, a.id, a.delay)
 		if err != nil {

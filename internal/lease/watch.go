@@ -40,7 +40,7 @@ func (m *Manager) AwaitEnd(ctx context.Context, name string, token int64, handle
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		reason, err := m.awaitEnd(wctx, name, key, token)
 		cancel()
-		if err == errRewatch {
+		if errors.Is(err, errRewatch) {
 			continue
 		}
 		return reason, err

@@ -2,7 +2,6 @@ package server_test
 
 import (
 	"context"
-	"errors"
 	"net"
 	"strconv"
 	"strings"
@@ -236,8 +235,6 @@ func fieldOf(err error) string {
 	}
 	return ""
 }
-
-var errStop = errors.New("stop")
 
 func withMaxTTL(d time.Duration) lease.Option { return lease.WithMaxTTL(d) }
 

@@ -93,7 +93,7 @@ func TestRetryOnAnotherReplicaAfterCrashRejoinsTheQueue(t *testing.T) {
 	}
 	waiterToken := r.Kvs[1].CreateRevision
 	b.crash() // no cleanup: the queue entry stays until its lease ends
-	<-errB
+	t.Logf("crashed waiter: %v", <-errB)
 	if n := e.queueKeys("crash"); n != 2 {
 		t.Fatalf("%d queue keys after the crash, want 2 (the crashed waiter's stays)", n)
 	}

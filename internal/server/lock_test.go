@@ -227,7 +227,7 @@ func TestGiveUpLeavesNothing(t *testing.T) {
 			}()
 			eventually(e.t, 10*time.Second, "waiter queued", func() bool { return e.queueKeys("x") == 2 })
 			conn.Close()
-			<-done
+			e.t.Logf("disconnected waiter: %v", <-done)
 		}},
 	}
 	for _, tc := range cases {

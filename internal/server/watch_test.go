@@ -44,7 +44,7 @@ func TestWatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Revision <= last && !(r.Revision == last && r.Kind == coordinatorv1.WatchResponse_KIND_ACQUIRED) {
+		if r.Revision < last || (r.Revision == last && r.Kind != coordinatorv1.WatchResponse_KIND_ACQUIRED) {
 			t.Fatalf("revision %d after %d", r.Revision, last)
 		}
 		last = r.Revision
