@@ -3,7 +3,7 @@ GO      ?= go
 BIN     := $(CURDIR)/bin
 ARGS    ?=
 
-.PHONY: all build run test test-short chaos generate lint verify tools grpcurl clean bench bench-quick bench-go
+.PHONY: all build run test test-short chaos generate lint verify grpcurl clean bench bench-quick bench-go
 
 all: build
 
