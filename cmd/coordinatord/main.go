@@ -18,18 +18,27 @@ import (
 	"github.com/coordinatord/coordinatord/internal/daemon"
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
 	"github.com/coordinatord/coordinatord/internal/fence"
+	"github.com/coordinatord/coordinatord/internal/version"
 )
 
 func main() {
 	os.Exit(run(os.Args[1:]))
 }
 
+// errVersion is parse's answer to -version: print the version, exit 0.
+var errVersion = errors.New("-version")
+
 // run is the whole command: flags (and environment) to a Config, checked
 // once by Config.Validate (a bad value exits 2, naming its flag), then the
-// daemon's New, Run and Close (a failure exits 1).
+// daemon's New, Run and Close (a failure exits 1). -help and -version print
+// and exit 0.
 func run(args []string) int {
 	cfg, err := parse(args)
 	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if errors.Is(err, errVersion) {
+		fmt.Println("coordinatord", version.Get())
 		return 0
 	}
 	if err == nil {
@@ -172,8 +181,14 @@ func parse(args []string) (daemon.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
+	// Registered after applyEnv: COORDINATORD_VERSION in a manifest must not
+	// turn the daemon into a command that prints and exits.
+	showVersion := fs.Bool("version", false, "print the version (release, VCS revision, Go toolchain) and exit")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
+	}
+	if *showVersion {
+		return cfg, errVersion
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments %q; see -help", fs.Args())

@@ -35,7 +35,8 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "coordinatord")
-	out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput()
+	// Built as make build does: the version set by the linker.
+	out, err := exec.Command("go", "build", "-ldflags", "-X "+versionVar+"="+testVersion, "-o", binary, ".").CombinedOutput()
 	if err != nil {
 		panic("go build: " + err.Error() + "\n" + string(out))
 	}
