@@ -13,6 +13,7 @@ import (
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/version"
 )
 
 // Metrics are the Prometheus metrics of one coordinator: per-RPC counters
@@ -27,6 +28,7 @@ import (
 //	coordinatord_locks_held, coordinatord_lock_waiters   read from etcd at scrape time (see CountLocks)
 //	coordinatord_hold_seconds{outcome}             how long grants were held, by how they ended: released, forced or expired (see GrantEnded)
 //	coordinatord_expirations_total                 grants that expired while held: their lease ran out (see GrantEnded)
+//	coordinatord_build_info{version,revision,goversion}   always 1: the build serving (internal/version)
 type Metrics struct {
 	rpc          *grpcprom.ServerMetrics
 	acquisitions *prometheus.CounterVec
@@ -75,7 +77,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		reg: reg,
 	}
-	reg.MustRegister(m.rpc, m.acquisitions, m.waitSeconds, m.validations, m.releases, m.renewals, m.holdSeconds, m.expirations)
+	reg.MustRegister(m.rpc, m.acquisitions, m.waitSeconds, m.validations, m.releases, m.renewals, m.holdSeconds, m.expirations, buildInfo())
 	// The usual outcomes start at zero, so that rate() sees their first event.
 	for _, o := range []string{"granted", "not_granted"} {
 		m.acquisitions.WithLabelValues(o)
@@ -92,6 +94,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.holdSeconds.WithLabelValues(o)
 	}
 	return m
+}
+
+// buildInfo is coordinatord_build_info, 1 with the build's version,
+// revision and Go toolchain as labels: join on it to see which replica runs
+// which build (count by (version) (coordinatord_build_info) during a
+// rollout).
+func buildInfo() prometheus.Gauge {
+	v := version.Get()
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "coordinatord_build_info",
+		Help:        "Always 1; the labels name the build serving: version (release, VCS revision or dev), revision (VCS commit or unknown) and goversion.",
+		ConstLabels: prometheus.Labels{"version": v.Version, "revision": v.Revision, "goversion": v.GoVersion},
+	})
+	g.Set(1)
+	return g
 }
 
 // GrantEnded records a grant's end in coordinatord_hold_seconds and, if it
