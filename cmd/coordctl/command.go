@@ -48,10 +48,13 @@ type spec[F, R any] struct {
 	run func(x *call[F]) (R, error)
 	// print shows run's answer and returns the exit code (nil: exitOK).
 	print func(x *call[F], r R) int
+	// local: the command asks no coordinator (version); main neither
+	// connects nor builds a client, and run's call has neither.
+	local bool
 }
 
 // call is one invocation of a command: the parsed command line and the
-// connection, for run and print.
+// connection (none for a local command), for run and print.
 type call[F any] struct {
 	*env
 	f     *F
@@ -76,13 +79,16 @@ func (s spec[F, R]) main(e *env, args []string) int {
 			return code
 		}
 	}
-	conn, code := e.connect()
-	if code >= 0 {
-		return code
+	x := &call[F]{env: e, f: f}
+	if !s.local {
+		conn, code := e.connect()
+		if code >= 0 {
+			return code
+		}
+		defer conn.Close()
+		x.cc, x.c = conn, client.New(conn)
+		defer x.c.Close()
 	}
-	defer conn.Close()
-	x := &call[F]{env: e, f: f, cc: conn, c: client.New(conn)}
-	defer x.c.Close()
 	defer x.cleanup()
 	r, err := s.run(x)
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/coordinatord/coordinatord/client"
+	"github.com/coordinatord/coordinatord/internal/version"
 )
 
 // commands is coordctl's table: every command, in the order of the help.
@@ -121,6 +122,16 @@ var commands = []command{
 		args:  func(e *env, pos []string, f *execLine) int { return f.parse(e, pos) },
 		run:   runExec,
 		print: func(_ *call[execLine], code int) int { return code },
+	}},
+	// The API has no call that names the server's build, so version is
+	// coordctl's own; the server's is its coordinatord_build_info metric.
+	{name: "version", spec: spec[struct{}, version.Info]{
+		synopsis: "[-o json]",
+		examples: "  coordctl version\n  coordctl -o json version\n",
+		minArgs:  0, maxArgs: 0,
+		local: true,
+		run:   func(*call[struct{}]) (version.Info, error) { return version.Get(), nil },
+		print: printVersion,
 	}},
 	// The completion script's source of lock names (not in the help).
 	{name: "__names", hidden: true, spec: spec[string, []client.Holder]{

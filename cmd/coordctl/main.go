@@ -70,6 +70,7 @@ Commands:
   exec NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--grace D] -- COMMAND [ARGS...]
                                  run COMMAND while holding NAME (renewed in the background);
                                  release it when COMMAND exits; terminate COMMAND if it is lost
+  version                        coordctl's version: release, VCS revision, Go toolchain
   completion bash                print a bash completion script
   help [COMMAND]                 this text, or a command's flags
 
@@ -101,6 +102,7 @@ Examples:
   coordctl exec reports/nightly --ttl 10s -- ./make-report.sh
   coordctl exec jobs/backup --wait 0s -- sh -c 'backup --fence-token "$COORDINATOR_TOKEN"'
   COORDCTL_ADDR=coord.example:7070 COORDCTL_TLS_CA=ca.pem coordctl describe jobs/backup
+  coordctl version
   source <(coordctl completion bash)
 `
 

@@ -49,7 +49,9 @@ func testMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	coordctl = filepath.Join(dir, "coordctl")
-	if out, err := exec.Command("go", "build", "-o", coordctl, ".").CombinedOutput(); err != nil {
+	// Built as make build does: the version set by the linker.
+	ldflags := "-X github.com/coordinatord/coordinatord/internal/version.Version=" + testVersion
+	if out, err := exec.Command("go", "build", "-ldflags", ldflags, "-o", coordctl, ".").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build coordctl: %v\n%s", err, out)
 		return 1
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/coordinatord/coordinatord/client"
+	"github.com/coordinatord/coordinatord/internal/version"
 )
 
 // How each command shows its answer: a table, or with -o json one JSON
@@ -158,4 +159,24 @@ func (e *env) printEvent(name string, ev client.WatchEvent) {
 		token, owner = strconv.FormatInt(h.Token, 10), dash(h.Owner)
 	}
 	fmt.Fprintf(e.stdout, "%-10d  %-15s  %-10s  %s\n", ev.Revision, field(kind), token, field(owner))
+}
+
+// build is one program's version in JSON output.
+type build struct {
+	Version   string `json:"version"`
+	Revision  string `json:"revision"`
+	GoVersion string `json:"go_version"`
+}
+
+// printVersion shows coordctl's version ("client": the server's would sit
+// beside it, if the API named it).
+func printVersion(x *call[struct{}], v version.Info) int {
+	if x.output == "json" {
+		x.printJSON(struct {
+			Client build `json:"client"`
+		}{build{v.Version, v.Revision, v.GoVersion}})
+	} else {
+		x.table([]string{"PROGRAM", "VERSION", "REVISION", "GO"}, []string{"coordctl", v.Version, v.Revision, v.GoVersion})
+	}
+	return exitOK
 }
