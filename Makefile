@@ -2,15 +2,20 @@
 GO      ?= go
 BIN     := $(CURDIR)/bin
 ARGS    ?=
+# VERSION is what -version, coordctl version and coordinatord_build_info
+# report: git describe of the checkout (v1.2.3, v1.2.3-4-gabcdef, -dirty with
+# local changes), dev outside a git checkout; override with VERSION=...
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/coordinatord/coordinatord/internal/version.Version=$(VERSION)
 
 .PHONY: all build run test test-short chaos generate lint verify grpcurl clean bench bench-quick bench-go
 
 all: build
 
-## build: compile the daemon and the CLI into bin/coordinatord and bin/coordctl
+## build: compile the daemon and the CLI into bin/coordinatord and bin/coordctl, stamped with VERSION
 build:
-	$(GO) build -o $(BIN)/coordinatord ./cmd/coordinatord
-	$(GO) build -o $(BIN)/coordctl ./cmd/coordctl
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/coordinatord ./cmd/coordinatord
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/coordctl ./cmd/coordctl
 
 ## run: start the daemon on 127.0.0.1:7070 with an embedded etcd in ./coordinatord-data (pass flags with ARGS=...)
 run: build

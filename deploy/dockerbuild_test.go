@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -50,9 +51,30 @@ func shellWords(t *testing.T, s string) []string {
 	return words
 }
 
+// argRef is a reference to a build argument, as the Dockerfile writes it.
+var argRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// expandArgs replaces every ${NAME} in line with the build argument NAME:
+// its --build-arg value from buildArgs, else the default of its ARG line.
+func expandArgs(t *testing.T, line string, declared, buildArgs map[string]string) string {
+	t.Helper()
+	return argRef.ReplaceAllStringFunc(line, func(ref string) string {
+		name := argRef.FindStringSubmatch(ref)[1]
+		def, ok := declared[name]
+		if !ok {
+			t.Fatalf("the build line uses ${%s}, which no ARG before it declares", name)
+		}
+		if v, ok := buildArgs[name]; ok {
+			return v
+		}
+		return def
+	})
+}
+
 // dockerfileBuild returns the environment and the command of the build
-// stage's "go build" RUN line.
-func dockerfileBuild(t *testing.T) (env, args []string) {
+// stage's "go build" RUN line, its ${ARG}s expanded as docker build
+// --build-arg would with buildArgs.
+func dockerfileBuild(t *testing.T, buildArgs map[string]string) (env, args []string) {
 	t.Helper()
 	f, err := os.Open("Dockerfile")
 	if err != nil {
@@ -60,13 +82,19 @@ func dockerfileBuild(t *testing.T) (env, args []string) {
 	}
 	defer f.Close()
 	var line string
+	declared := map[string]string{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if l := strings.TrimSpace(sc.Text()); strings.HasPrefix(l, "RUN ") && strings.Contains(l, "go build") {
+		l := strings.TrimSpace(sc.Text())
+		if a, ok := strings.CutPrefix(l, "ARG "); ok && line == "" {
+			name, def, _ := strings.Cut(strings.TrimSpace(a), "=")
+			declared[name] = def
+		}
+		if strings.HasPrefix(l, "RUN ") && strings.Contains(l, "go build") {
 			if line != "" {
 				t.Fatal("the Dockerfile has more than one go build line")
 			}
-			line = strings.TrimPrefix(l, "RUN ")
+			line = expandArgs(t, strings.TrimPrefix(l, "RUN "), declared, buildArgs)
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -86,12 +114,14 @@ func dockerfileBuild(t *testing.T) (env, args []string) {
 // line runs as written, from the repository root like the build stage's
 // WORKDIR /src with go.mod, api/, cmd/ and internal/ copied in: the binary
 // must be static (no ELF interpreter, no shared libraries: it runs on
-// distroless/static) and must start.
+// distroless/static), must start, and must report the VERSION build
+// argument it was built with.
 func TestDockerfileBuildsAStaticBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the daemon")
 	}
-	env, args := dockerfileBuild(t)
+	const version = "v0.0.0-image-test"
+	env, args := dockerfileBuild(t, map[string]string{"VERSION": version})
 	if len(args) < 2 || args[0] != "go" || args[1] != "build" {
 		t.Fatalf("the build line runs %q, not go build", args)
 	}
@@ -138,5 +168,8 @@ func TestDockerfileBuildsAStaticBinary(t *testing.T) {
 	}
 	if !strings.Contains(string(b), "-listen") {
 		t.Errorf("-help prints no usage:\n%s", b)
+	}
+	if b, err := exec.Command(out, "-version").Output(); err != nil || !strings.HasPrefix(string(b), "coordinatord "+version+" ") {
+		t.Errorf("%s -version: %v, printed %q; want coordinatord %s (...)", out, err, b, version)
 	}
 }
