@@ -27,12 +27,12 @@ const Unknown = "unknown"
 type Info struct {
 	// Version is the release (v1.2.3, or git describe's v1.2.3-4-gabcdef),
 	// a module pseudo-version, a VCS revision or "dev".
-	Version string `json:"version"`
+	Version string
 	// Revision is the VCS commit the binary was built from (with "-dirty"
 	// if the tree had changes), or Unknown.
-	Revision string `json:"revision"`
+	Revision string
 	// GoVersion is the toolchain that built the binary (go1.26.0).
-	GoVersion string `json:"goVersion"`
+	GoVersion string
 }
 
 // String is the one line of -version: "v1.2.3 (revision abc, go1.26.0 linux/amd64)".
