@@ -216,7 +216,7 @@ func holderToken(t *testing.T, err error) int64 {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == "LOCK_HELD" {
 			n, err := strconv.ParseInt(info.GetMetadata()["holderToken"], 10, 64)
 			if err != nil {
-				t.Fatalf("holder_token: %v", err)
+				t.Fatalf("holderToken: %v", err)
 			}
 			return n
 		}
