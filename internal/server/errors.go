@@ -198,9 +198,26 @@ func errNoCredentials(msg string) error {
 	return withReason(codes.Unauthenticated, msg, "CREDENTIALS_MISSING", nil)
 }
 
-// errDenied: the policy does not let identity id do what; what is phrased
-// to follow the identity ("may not use this lock name"). Reason
-// DENIED_BY_POLICY.
+// errAdminOnly: identity id is no admin and method is for admins only
+// (reason ADMIN_ONLY); why, if any, says why it is ("names no lock").
+func errAdminOnly(id, method, why string) error {
+	if why != "" {
+		why += ": "
+	}
+	return withReason(codes.PermissionDenied, fmt.Sprintf("identity %q may not call %s (%sadmins only); ask an admin to extend the policy", id, method, why),
+		"ADMIN_ONLY", map[string]string{"identity": id, "method": method})
+}
+
+// errNotInPolicy: identity id is authenticated but the authorization
+// policy does not name it (reason IDENTITY_NOT_IN_POLICY).
+func errNotInPolicy(id string) error {
+	return withReason(codes.PermissionDenied, fmt.Sprintf("identity %q is not in the authorization policy; ask an admin to extend the policy", id),
+		"IDENTITY_NOT_IN_POLICY", map[string]string{"identity": id})
+}
+
+// errDenied: the policy does not let identity id use a name, prefix or
+// resource; what is phrased to follow the identity ("may not use this lock
+// name"). Reason DENIED_BY_POLICY.
 func errDenied(id, what string) error {
 	return withReason(codes.PermissionDenied, fmt.Sprintf("identity %q %s; ask an admin to extend the policy", id, what),
 		"DENIED_BY_POLICY", map[string]string{"identity": id})

@@ -82,8 +82,8 @@ const (
 	// PERMISSION_DENIED: the handle is of a session another identity opened.
 	ErrorReason_ERROR_REASON_SESSION_OF_ANOTHER_IDENTITY ErrorReason = 12
 	// PERMISSION_DENIED: the authorization policy does not let the identity
-	// (metadata["identity"]) do this: use this name, prefix or resource, or
-	// call an admin-only method. Nothing about the lock is revealed.
+	// (metadata["identity"]) use this lock name, list prefix or resource.
+	// Nothing about the lock is revealed.
 	ErrorReason_ERROR_REASON_DENIED_BY_POLICY ErrorReason = 13
 	// UNAUTHENTICATED or PERMISSION_DENIED: an open stream ended because its
 	// credential or the policy changed. metadata["identity"] is the identity.
@@ -128,6 +128,13 @@ const (
 	ErrorReason_ERROR_REASON_ETCD_UNAVAILABLE ErrorReason = 27
 	// INTERNAL: an unexpected server error; the daemon logged its cause.
 	ErrorReason_ERROR_REASON_INTERNAL ErrorReason = 28
+	// PERMISSION_DENIED: the method (metadata["method"], e.g. ForceRelease,
+	// or a call that names no lock) is for admins only, and the identity
+	// (metadata["identity"]) is no admin.
+	ErrorReason_ERROR_REASON_ADMIN_ONLY ErrorReason = 29
+	// PERMISSION_DENIED: the identity (metadata["identity"]) authenticated
+	// but the authorization policy does not name it.
+	ErrorReason_ERROR_REASON_IDENTITY_NOT_IN_POLICY ErrorReason = 30
 )
 
 // Enum value maps for ErrorReason.
@@ -162,6 +169,8 @@ var (
 		26: "ERROR_REASON_SHUTTING_DOWN",
 		27: "ERROR_REASON_ETCD_UNAVAILABLE",
 		28: "ERROR_REASON_INTERNAL",
+		29: "ERROR_REASON_ADMIN_ONLY",
+		30: "ERROR_REASON_IDENTITY_NOT_IN_POLICY",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                 0,
@@ -193,6 +202,8 @@ var (
 		"ERROR_REASON_SHUTTING_DOWN":               26,
 		"ERROR_REASON_ETCD_UNAVAILABLE":            27,
 		"ERROR_REASON_INTERNAL":                    28,
+		"ERROR_REASON_ADMIN_ONLY":                  29,
+		"ERROR_REASON_IDENTITY_NOT_IN_POLICY":      30,
 	}
 )
 
@@ -227,7 +238,7 @@ var File_coordinator_v1_errors_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\xe1\a\n" +
+	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\xa7\b\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ERROR_REASON_LOCK_HELD\x10\x01\x12\x1e\n" +
@@ -258,7 +269,9 @@ const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"\x17ERROR_REASON_STORE_FULL\x10\x19\x12\x1e\n" +
 	"\x1aERROR_REASON_SHUTTING_DOWN\x10\x1a\x12!\n" +
 	"\x1dERROR_REASON_ETCD_UNAVAILABLE\x10\x1b\x12\x19\n" +
-	"\x15ERROR_REASON_INTERNAL\x10\x1cBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
+	"\x15ERROR_REASON_INTERNAL\x10\x1c\x12\x1b\n" +
+	"\x17ERROR_REASON_ADMIN_ONLY\x10\x1d\x12'\n" +
+	"#ERROR_REASON_IDENTITY_NOT_IN_POLICY\x10\x1eBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
 
 var (
 	file_coordinator_v1_errors_proto_rawDescOnce sync.Once
