@@ -38,8 +38,11 @@ const (
 // the delay after which a retry may succeed; the quota-like
 // RESOURCE_EXHAUSTED reasons (TOO_MANY_WAITERS, TOO_MANY_LOCKS,
 // TOO_MANY_MARKS, TOO_MANY_STREAMS, STORE_FULL) also carry a
-// google.rpc.QuotaFailure whose violation names the quota's subject
-// ("lock:<name>", "caller:id:<identity>", "caller:ip:<address>", "etcd").
+// google.rpc.QuotaFailure whose violation names the quota's subject:
+// "lock:<name>" (waiters), "identity:<id>" (locks, marks; "identity:" for
+// unauthenticated callers, who share one quota), "caller:id:<identity>" or
+// "caller:ip:<address>" (streams, per caller like the rate limit), "etcd"
+// (the store).
 //
 // Statuses the gRPC library produces itself (a message above the size
 // limit, an unknown method, a broken connection) carry no ErrorInfo.
