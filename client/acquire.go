@@ -8,9 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
@@ -122,7 +119,7 @@ func (c *Client) acquire(ctx context.Context, name string, o acquireOptions) (Gr
 		err = c.retry(ctx, call)
 	}
 	if err != nil {
-		if status.Code(err) == codes.Aborted {
+		if ReasonOf(err) == ReasonLockHeld {
 			return Grant{}, first, &HeldError{Name: name, HolderToken: holderToken(err), err: err}
 		}
 		return Grant{}, first, err
@@ -174,14 +171,9 @@ func (c *Client) TryAcquire(ctx context.Context, name string, opts ...AcquireOpt
 	return c.Acquire(ctx, name, append(opts, WithWait(0))...)
 }
 
-// holderToken reads the LOCK_HELD ErrorInfo of an ABORTED Acquire.
+// holderToken reads the holder's token from the LOCK_HELD ErrorInfo of an
+// Acquire (0 if it has none).
 func holderToken(err error) int64 {
-	st, _ := status.FromError(err)
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == "LOCK_HELD" {
-			n, _ := strconv.ParseInt(info.GetMetadata()["holder_token"], 10, 64)
-			return n
-		}
-	}
-	return 0
+	n, _ := strconv.ParseInt(MetadataOf(err)["holderToken"], 10, 64)
+	return n
 }

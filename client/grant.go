@@ -69,9 +69,10 @@ func (c *Client) AcquireGrant(ctx context.Context, name string, opts ...AcquireO
 
 // KeepAlive renews the grant ref for another full TTL, once. UNAVAILABLE is
 // retried until ctx ends. A grant that is gone (expired, released, or a
-// token or handle that does not match) answers the gRPC status NOT_FOUND;
-// a renewal refused at max_hold answers FAILED_PRECONDITION: stop working
-// under the lock either way.
+// token or handle that does not match) answers the gRPC status NOT_FOUND
+// with reason NOT_HELD (ReasonOf); a renewal refused at max_hold answers
+// FAILED_PRECONDITION with reason MAX_HOLD_REACHED: stop working under the
+// lock either way.
 func (c *Client) KeepAlive(ctx context.Context, ref GrantRef) (Renewal, error) {
 	var resp *coordinatorv1.KeepAliveResponse
 	err := c.retry(ctx, func(ctx context.Context) error {

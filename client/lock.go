@@ -136,14 +136,30 @@ func (l *Lock) interval() time.Duration {
 func (l *Lock) renew(ctx context.Context) error {
 	sent := time.Now()
 	resp, err := l.c.keepAlive(ctx, l.ref)
-	switch status.Code(err) {
-	case codes.OK:
+	if err == nil {
 		l.extend(sent.Add(resp.GetTtl().AsDuration() - l.margin))
 		return nil
-	case codes.NotFound, codes.FailedPrecondition:
+	}
+	if lostReason(err) {
 		return fmt.Errorf("%w: %s", ErrLost, status.Convert(err).Message())
 	}
 	return err
+}
+
+// lostReason tells whether a renewal's refusal means the grant is gone:
+// its reason says so (NOT_HELD, MAX_HOLD_REACHED, SESSION_NOT_FOUND) or, from a
+// coordinator that sends no reason, its code is NOT_FOUND or
+// FAILED_PRECONDITION. Anything else (UNAVAILABLE, a deadline) is retried
+// while safe_until allows.
+func lostReason(err error) bool {
+	switch ReasonOf(err) {
+	case ReasonNotHeld, ReasonMaxHoldReached, ReasonSessionNotFound:
+		return true
+	case "":
+		c := status.Code(err)
+		return c == codes.NotFound || c == codes.FailedPrecondition
+	}
+	return false
 }
 
 // confirm renews once, retrying UNAVAILABLE until ctx ends.

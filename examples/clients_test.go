@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 )
@@ -279,8 +282,8 @@ func TestClients(t *testing.T) {
 			if r := c.next("refused"); r.int(t, "token") != a || r.fields["reason"] != "REASON_SUPERSEDED" {
 				t.Fatalf("%v; want A's write refused as REASON_SUPERSEDED", r)
 			}
-			if k := c.next("keepalive"); k.fields["code"] != "NOT_FOUND" {
-				t.Fatalf("%v; want A's KeepAlive NOT_FOUND", k)
+			if k := c.next("keepalive"); k.fields["code"] != "NOT_FOUND" || k.fields["reason"] != "NOT_HELD" {
+				t.Fatalf("%v; want A's KeepAlive NOT_FOUND, reason NOT_HELD", k)
 			}
 			if r := c.next("released"); r.fields["who"] != "a" || r.fields["released"] != "false" {
 				t.Fatalf("%v; want A's release false", r)
@@ -292,6 +295,30 @@ func TestClients(t *testing.T) {
 				t.Fatalf("%v; want the register's high-water mark at B's token %d", r, b)
 			}
 			c.exit()
+		})
+
+		// Issue 19.4: the example reads the ErrorInfo of a refusal: a
+		// try-lock of a held lock is ABORTED with reason LOCK_HELD and the
+		// holder's token under the lowerCamel key holderToken.
+		t.Run(ln.name+"/not_acquired", func(t *testing.T) {
+			t.Parallel()
+			l := ln.find(t)
+			name := "examples/" + l.name + "/not-acquired"
+			g, err := lc.Acquire(ctxT(t, 10*time.Second), &coordinatorv1.AcquireRequest{Name: name, Ttl: durationpb.New(time.Minute)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := startClient(t, append(l.run("fenced_write"), "--addr", addr, "--name", name, "--wait", "0")...)
+			e := c.next("not-acquired")
+			if e.fields["code"] != "ABORTED" || e.fields["reason"] != "LOCK_HELD" || e.int(t, "holder") != g.Token {
+				t.Fatalf("%v; want ABORTED, reason LOCK_HELD, holder %d", e, g.Token)
+			}
+			for range c.lines {
+			}
+			var exit *exec.ExitError
+			if err := <-c.done; !errors.As(err, &exit) || exit.ExitCode() != 2 {
+				t.Fatalf("exit %v, want 2 (not acquired)", err)
+			}
 		})
 	}
 

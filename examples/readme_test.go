@@ -194,7 +194,7 @@ func TestReadmeGrpcurlWalkthrough(t *testing.T) {
 	for _, re := range []string{
 		`(?s)"valid": true,\s*"reason": "REASON_CURRENT",\s*"currentToken": "(\d+)"`, // ValidateToken
 		`held by token (\d+)`,                 // the try-lock's message
-		`"holder_token": "(\d+)"`,             // its ErrorInfo
+		`"holderToken": "(\d+)"`,              // its ErrorInfo
 		`(?s)"holder": \{.*?"token": "(\d+)"`, // Describe
 		`host-a token (\d+), host-b token`,    // the last step's echo
 	} {

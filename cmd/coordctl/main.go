@@ -234,6 +234,9 @@ func (e *env) fail(err error) int {
 	msg := err.Error()
 	if st, ok := status.FromError(err); ok {
 		msg = fmt.Sprintf("%s: %s", codeName(st.Code()), st.Message())
+		if r := client.ReasonOf(err); r != "" {
+			msg += " (reason " + r + ")" // what a script switches on: stable, unlike the message
+		}
 	}
 	fmt.Fprintf(e.stderr, "%s: %s\n", e.name, field(msg)) // the server's words, shown as text
 	return exitCode(err)
@@ -241,7 +244,7 @@ func (e *env) fail(err error) int {
 
 // exitCode maps an error to an exit code.
 func exitCode(err error) int {
-	if errors.Is(err, client.ErrLockHeld) {
+	if errors.Is(err, client.ErrLockHeld) || client.ReasonOf(err) == client.ReasonLockHeld {
 		return exitNotAcquired
 	}
 	if errors.Is(err, context.DeadlineExceeded) {

@@ -179,8 +179,8 @@ func TestAcquireKeepAliveValidateRelease(t *testing.T) {
 
 	// Held: a try-lock is not acquired (3), with the holder on stderr.
 	r = must(t, exitNotAcquired, "acquire", "cli/a", "--wait", "0s")
-	if !strings.Contains(r.stderr, "ABORTED") {
-		t.Fatalf("stderr %q: want the ABORTED status", r.stderr)
+	if !strings.Contains(r.stderr, "ABORTED") || !strings.Contains(r.stderr, "(reason LOCK_HELD)") {
+		t.Fatalf("stderr %q: want the ABORTED status and its reason LOCK_HELD", r.stderr)
 	}
 	// A bounded wait on a held lock: not acquired either, once it elapses.
 	must(t, exitNotAcquired, "acquire", "cli/a", "--wait", "1s")

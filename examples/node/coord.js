@@ -56,6 +56,71 @@ function codeName(err) {
   return grpc.status[err.code] || String(err.code);
 }
 
+// fields yields the [field number, value] pairs of a protobuf message's
+// wire bytes (varints as numbers, length-delimited values as Buffers).
+function* fields(buf) {
+  let i = 0;
+  const varint = () => {
+    let n = 0;
+    let mul = 1;
+    for (;;) {
+      const b = buf[i++];
+      n += (b & 0x7f) * mul;
+      mul *= 128;
+      if (!(b & 0x80)) return n;
+    }
+  };
+  while (i < buf.length) {
+    const key = varint();
+    const wire = key % 8;
+    let v;
+    if (wire === 0) v = varint();
+    else if (wire === 2) {
+      const n = varint();
+      v = buf.subarray(i, i + n);
+      i += n;
+    } else if (wire === 1) i += 8;
+    else if (wire === 5) i += 4;
+    else throw new Error(`unsupported wire type ${wire}`);
+    yield [Math.floor(key / 8), v];
+  }
+}
+
+const ERROR_INFO = 'type.googleapis.com/google.rpc.ErrorInfo';
+
+// errorInfo is the coordinator's google.rpc.ErrorInfo of a gRPC error,
+// { reason: 'LOCK_HELD', metadata: { holderToken: '7' } }, or { reason: '',
+// metadata: {} } if it has none. Every coordinatord error carries one
+// (api/coordinator/v1/errors.proto lists the reasons): switch on the reason,
+// not on the message. It travels in the grpc-status-details-bin trailer, a
+// google.rpc.Status, decoded by hand so that the example needs no
+// googleapis package.
+function errorInfo(err) {
+  const none = { reason: '', metadata: {} };
+  const raw = err && err.metadata && err.metadata.get('grpc-status-details-bin');
+  for (const value of raw || []) {
+    for (const [num, detail] of fields(value)) {
+      if (num !== 3) continue; // Status.details: Any
+      const any = new Map(fields(detail)); // type_url (1), value (2)
+      if (String(any.get(1)) !== ERROR_INFO) continue;
+      const info = { reason: '', domain: '', metadata: {} };
+      for (const [n, v] of fields(any.get(2) || Buffer.alloc(0))) {
+        if (n === 1) info.reason = String(v);
+        else if (n === 2) info.domain = String(v);
+        else if (n === 3) {
+          const entry = new Map(fields(v)); // map entry: key (1), value (2)
+          info.metadata[String(entry.get(1) || '')] = String(entry.get(2) || '');
+        }
+      }
+      if (info.domain === 'coordinatord') return { reason: info.reason, metadata: info.metadata };
+    }
+  }
+  return none;
+}
+
+// The reasons of a KeepAlive refusal that mean the grant is gone.
+const LOST_REASONS = new Set(['NOT_HELD', 'MAX_HOLD_REACHED', 'SESSION_NOT_FOUND']);
+
 class Lease {
   constructor(client, name, grant) {
     this.client = client;
@@ -86,14 +151,15 @@ class Lease {
         await call(this.client, 'KeepAlive', { name: this.name, token: this.token, handle: this.handle }, this.ttl / 3);
       } catch (err) {
         if (this.released) return; // a renewal that crossed release()
-        if (err.code === grpc.status.NOT_FOUND) {
+        const why = errorInfo(err).reason;
+        if (LOST_REASONS.has(why)) {
           // The grant is gone: whoever works under it must stop now.
           say('lost', { name: this.name, token: this.token });
           this.lost = true;
           clearInterval(this.timer);
         } else {
           // UNAVAILABLE, DEADLINE_EXCEEDED: retry at the next tick.
-          say('keepalive-error', { code: codeName(err) });
+          say('keepalive-error', { code: codeName(err), reason: why || 'none' });
         }
       } finally {
         inFlight = false;
@@ -142,4 +208,4 @@ class FencedRegister {
   }
 }
 
-module.exports = { v1, grpc, say, connect, call, duration, codeName, Lease, StaleToken, FencedRegister };
+module.exports = { v1, grpc, say, connect, call, duration, codeName, errorInfo, Lease, StaleToken, FencedRegister };

@@ -32,8 +32,10 @@ async function main() {
       deadline: Number(o.deadline),
     });
   } catch (err) {
-    // ABORTED: still held after --wait; DEADLINE_EXCEEDED: --deadline came first.
-    coord.say('not-acquired', { name: o.name, code: coord.codeName(err) });
+    // ABORTED, reason LOCK_HELD: still held after --wait (the holder's token
+    // is in the ErrorInfo's metadata); DEADLINE_EXCEEDED: --deadline came first.
+    const { reason, metadata } = coord.errorInfo(err);
+    coord.say('not-acquired', { name: o.name, code: coord.codeName(err), reason: reason || 'none', holder: metadata.holderToken || 'none' });
     return 2;
   }
   coord.say('acquired', { name: o.name, token: lease.token, ttl: `${lease.ttl}s` });

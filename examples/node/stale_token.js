@@ -51,7 +51,7 @@ async function main() {
     coord.say('renewed', { who: 'a' }); // never happens
     return 1;
   } catch (err) {
-    coord.say('keepalive', { who: 'a', code: coord.codeName(err) });
+    coord.say('keepalive', { who: 'a', code: coord.codeName(err), reason: coord.errorInfo(err).reason || 'none' });
   }
   coord.say('released', { who: 'a', released: await a.release() });
   coord.say('released', { who: 'b', released: await b.release() });

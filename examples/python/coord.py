@@ -54,6 +54,76 @@ pb, pb_grpc = load_stubs()
 
 
 
+def _varint(buf, i):
+    n = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, i
+
+
+def _fields(buf):
+    """The (field number, value) pairs of a protobuf message's wire bytes."""
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        wire = key & 7
+        if wire == 0:
+            v, i = _varint(buf, i)
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            v, i = buf[i:i + n], i + n
+        elif wire == 1:
+            v, i = buf[i:i + 8], i + 8
+        elif wire == 5:
+            v, i = buf[i:i + 4], i + 4
+        else:
+            raise ValueError("unsupported wire type %d" % wire)
+        yield key >> 3, v
+
+
+ERROR_INFO = b"type.googleapis.com/google.rpc.ErrorInfo"
+
+
+def error_info(e):
+    """(reason, metadata) of the coordinator's google.rpc.ErrorInfo in an
+    RpcError, e.g. ("LOCK_HELD", {"holderToken": "7"}); ("", {}) if none.
+
+    Every coordinatord error carries one (api/coordinator/v1/errors.proto
+    lists the reasons): switch on the reason, not on the message. It travels
+    in the grpc-status-details-bin trailer, a google.rpc.Status; it is
+    decoded by hand here so that the example needs no googleapis package.
+    """
+    for key, value in e.trailing_metadata() or ():
+        if key != "grpc-status-details-bin":
+            continue
+        for num, detail in _fields(value):  # Status.details (3): Any
+            if num != 3:
+                continue
+            any_ = dict(_fields(detail))  # type_url (1), value (2)
+            if any_.get(1) != ERROR_INFO:
+                continue
+            reason, domain, metadata = "", "", {}
+            for n, v in _fields(any_.get(2, b"")):
+                if n == 1:
+                    reason = v.decode()
+                elif n == 2:
+                    domain = v.decode()
+                elif n == 3:  # map<string, string> entry: key (1), value (2)
+                    entry = dict(_fields(v))
+                    metadata[entry.get(1, b"").decode()] = entry.get(2, b"").decode()
+            if domain == "coordinatord":
+                return reason, metadata
+    return "", {}
+
+
+# The reasons of a KeepAlive refusal that mean the grant is gone.
+LOST_REASONS = ("NOT_HELD", "MAX_HOLD_REACHED", "SESSION_NOT_FOUND")
+
+
 def reason(r):
     """The name of a ValidateTokenResponse.Reason, e.g. REASON_SUPERSEDED."""
     return pb.ValidateTokenResponse.Reason.Name(r)
@@ -111,14 +181,15 @@ class Lease:
                     timeout=self.ttl / 3,
                 )
             except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.NOT_FOUND:
+                why, _ = error_info(e)
+                if why in LOST_REASONS:
                     # The grant is gone: whoever works under it must stop now.
                     say("lost", name=self.name, token=self.token)
                     self.lost.set()
                     return
                 # UNAVAILABLE, DEADLINE_EXCEEDED: retry at the next tick,
                 # while the lease still has time left.
-                say("keepalive-error", code=e.code().name)
+                say("keepalive-error", code=e.code().name, reason=why or "none")
 
     def release(self):
         self._stop.set()

@@ -32,9 +32,12 @@ def main():
         wait = None if args.wait == "none" else float(args.wait)
         lease = coord.Lease.acquire(stub, args.name, args.ttl, args.owner, wait=wait, deadline=args.deadline)
     except grpc.RpcError as e:
-        # ABORTED: still held after --wait (the holder's token is in an
-        # ErrorInfo detail); DEADLINE_EXCEEDED: --deadline came first.
-        coord.say("not-acquired", name=args.name, code=e.code().name)
+        # ABORTED, reason LOCK_HELD: still held after --wait (the holder's
+        # token is in the ErrorInfo's metadata); DEADLINE_EXCEEDED: --deadline
+        # came first.
+        why, metadata = coord.error_info(e)
+        coord.say("not-acquired", name=args.name, code=e.code().name, reason=why or "none",
+                  holder=metadata.get("holderToken", "none"))
         return 2
     coord.say("acquired", name=args.name, token=lease.token, ttl="%gs" % lease.ttl)
     lease.keep_alive()

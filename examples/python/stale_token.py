@@ -54,7 +54,7 @@ def main():
         coord.say("renewed", who="a")  # never happens
         return 1
     except grpc.RpcError as e:
-        coord.say("keepalive", who="a", code=e.code().name)
+        coord.say("keepalive", who="a", code=e.code().name, reason=coord.error_info(e)[0] or "none")
     coord.say("released", who="a", released=a.release())
     coord.say("released", who="b", released=b.release())
     coord.say("register", value=repr(register.value), high_water=register.high_water)

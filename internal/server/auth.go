@@ -72,7 +72,7 @@ func AuthInterceptors(store *authz.Store, opts ...AuthOption) (grpc.UnaryServerI
 			return err
 		}
 		if AdminOnly[info.FullMethod] && !store.Policy().IsAdmin(id) {
-			return errDenied(id, "may not call "+info.FullMethod+" (admins only)")
+			return errAdminOnly(id, info.FullMethod, "")
 		}
 		as := newAuthStream(ss, id, info.FullMethod, store, cfg)
 		open.add(as)

@@ -41,20 +41,20 @@ type (
 )
 
 // authorize checks one request message of identity id against policy p, by
-// the rules AuthInterceptors states: PERMISSION_DENIED (errDenied) if the
-// policy does not allow it.
+// the rules AuthInterceptors states: PERMISSION_DENIED (errAdminOnly,
+// errNotInPolicy, errDenied) if the policy does not allow it.
 func authorize(p *authz.Policy, id, method string, req any) error {
 	if AdminOnly[method] {
 		if p.IsAdmin(id) {
 			return nil
 		}
-		return errDenied(id, "may not call "+method+" (admins only)")
+		return errAdminOnly(id, method, "")
 	}
 	if AnyKnownIdentity[method] {
 		if p.Known(id) {
 			return nil
 		}
-		return errDenied(id, "is not in the authorization policy")
+		return errNotInPolicy(id)
 	}
 	// A Hold stream names its lock in its first message (acquire or
 	// resume); the handler refuses any other first message, so heartbeats
@@ -97,7 +97,7 @@ func authorize(p *authz.Policy, id, method string, req any) error {
 		}
 	}
 	if !checked && !p.IsAdmin(id) {
-		return errDenied(id, "may not call "+method+" (names no lock: admins only)")
+		return errAdminOnly(id, method, "names no lock")
 	}
 	return nil
 }

@@ -214,9 +214,9 @@ func holderToken(t *testing.T, err error) int64 {
 	st, _ := status.FromError(err)
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetReason() == "LOCK_HELD" {
-			n, err := strconv.ParseInt(info.GetMetadata()["holder_token"], 10, 64)
+			n, err := strconv.ParseInt(info.GetMetadata()["holderToken"], 10, 64)
 			if err != nil {
-				t.Fatalf("holder_token: %v", err)
+				t.Fatalf("holderToken: %v", err)
 			}
 			return n
 		}

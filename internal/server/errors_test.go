@@ -11,16 +11,21 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/authz"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
@@ -31,9 +36,12 @@ type errorCase struct {
 	name     string       // pkg.Identifier of the error it covers, or a description
 	st       func() error // what the server answers
 	code     codes.Code
-	reason   string            // ErrorInfo reason; "": no ErrorInfo
+	reason   string            // ErrorInfo reason; "" only for OK and grpcOwn
 	metadata map[string]string // ErrorInfo metadata
 	field    string            // BadRequest field; "": no BadRequest
+	retry    time.Duration     // RetryInfo delay; required for RESOURCE_EXHAUSTED and UNAVAILABLE
+	quota    string            // QuotaFailure subject; "": no QuotaFailure
+	grpcOwn  bool              // a status gRPC built (a stream's failure), passed unchanged: no details
 	logged   bool              // toStatus logs the cause (unknown errors)
 }
 
@@ -58,68 +66,87 @@ func TestErrorContract(t *testing.T) {
 	mapped := func(err error) func() error {
 		return func() error { return toStatus(context.Background(), log, "Test", err) }
 	}
+	mappedAs := func(id string, err error) func() error {
+		return func() error { return toStatus(authz.NewContext(context.Background(), id), log, "Test", err) }
+	}
 	built := func(st error) func() error { return func() error { return st } }
 	etcdDown := status.Error(codes.Unavailable, "connection refused")
 	sent := status.Error(codes.Canceled, "context canceled") // a Send error of a stream
 
 	cases := []errorCase{
 		// lease: bad input, and the outcomes of an acquisition.
-		{name: "lease.FieldError", st: mapped(&lease.FieldError{Field: "ttl", Reason: "must be at least 1s"}), code: codes.InvalidArgument, field: "ttl"},
+		{name: "lease.FieldError", st: mapped(&lease.FieldError{Field: "ttl", Reason: "must be at least 1s"}), code: codes.InvalidArgument,
+			reason: "INVALID_FIELD", metadata: map[string]string{"field": "ttl"}, field: "ttl"},
 		{name: "lease.NotGrantedError", st: mapped(&lease.NotGrantedError{Name: "l", HolderToken: 7}), code: codes.Aborted,
-			reason: "LOCK_HELD", metadata: map[string]string{"holder_token": "7"}},
+			reason: "LOCK_HELD", metadata: map[string]string{"holderToken": "7"}},
 		{name: "lease.ErrNotGranted", st: mapped(fmt.Errorf("wrapped: %w", &lease.NotGrantedError{Name: "l"})), code: codes.Aborted,
-			reason: "LOCK_HELD", metadata: map[string]string{"holder_token": "0"}},
-		{name: "lease.ErrNotHeld", st: mapped(lease.ErrNotHeld), code: codes.NotFound},
-		{name: "lease.ErrLostWhileWaiting", st: mapped(lease.ErrLostWhileWaiting), code: codes.NotFound},
-		{name: "lease.ErrSessionNotFound", st: mapped(lease.ErrSessionNotFound), code: codes.NotFound},
-		{name: "lease.ErrMaxHold", st: mapped(lease.ErrMaxHold), code: codes.FailedPrecondition},
-		{name: "lease.ErrSessionBusy", st: mapped(lease.ErrSessionBusy), code: codes.FailedPrecondition},
+			reason: "LOCK_HELD", metadata: map[string]string{"holderToken": "0"}},
+		{name: "lease.ErrNotHeld", st: mapped(lease.ErrNotHeld), code: codes.NotFound, reason: "NOT_HELD"},
+		{name: "lease.ErrLostWhileWaiting", st: mapped(lease.ErrLostWhileWaiting), code: codes.NotFound, reason: "LOST_WHILE_WAITING"},
+		{name: "lease.ErrSessionNotFound", st: mapped(lease.ErrSessionNotFound), code: codes.NotFound, reason: "SESSION_NOT_FOUND"},
+		{name: "lease.ErrMaxHold", st: mapped(lease.ErrMaxHold), code: codes.FailedPrecondition, reason: "MAX_HOLD_REACHED"},
+		{name: "lease.ErrSessionBusy", st: mapped(lease.ErrSessionBusy), code: codes.FailedPrecondition, reason: "SESSION_BUSY"},
 		{name: "lease.ErrRequestIDReused", st: mapped(lease.ErrRequestIDReused), code: codes.FailedPrecondition, reason: "REQUEST_ID_REUSED"},
 		{name: "lease.ErrSessionForbidden", st: mapped(lease.ErrSessionForbidden), code: codes.PermissionDenied, reason: "SESSION_OF_ANOTHER_IDENTITY"},
 		{name: "lease.ErrStoreFull", st: mapped(fmt.Errorf("%w: lease: join: etcdserver: mvcc: database space exceeded", lease.ErrStoreFull)),
-			code: codes.ResourceExhausted, reason: "STORE_FULL"},
+			code: codes.ResourceExhausted, reason: "STORE_FULL", retry: retryStoreFull, quota: "etcd"},
 		{name: "lease.TooManyWaitersError", st: mapped(&lease.TooManyWaitersError{Name: "l", Limit: 3}), code: codes.ResourceExhausted,
-			reason: "TOO_MANY_WAITERS", metadata: map[string]string{"limit": "max-waiters-per-lock", "maximum": "3"}},
-		{name: "lease.ErrTooManyWaiters", st: mapped(fmt.Errorf("join: %w", &lease.TooManyWaitersError{Name: "l", Limit: 1})), code: codes.ResourceExhausted,
-			reason: "TOO_MANY_WAITERS", metadata: map[string]string{"limit": "max-waiters-per-lock", "maximum": "1"}},
-		{name: "lease.TooManyLocksError", st: mapped(&lease.TooManyLocksError{Count: 2, Limit: 2}), code: codes.ResourceExhausted,
-			reason: "TOO_MANY_LOCKS", metadata: map[string]string{"limit": "max-locks-per-identity", "maximum": "2"}},
+			reason: "TOO_MANY_WAITERS", metadata: map[string]string{"lock": "l", "limit": "max-waiters-per-lock", "maximum": "3"},
+			retry: retryWaiters, quota: "lock:l"},
+		{name: "lease.ErrTooManyWaiters", st: mapped(fmt.Errorf("join: %w", &lease.TooManyWaitersError{Name: "m", Limit: 1})), code: codes.ResourceExhausted,
+			reason: "TOO_MANY_WAITERS", metadata: map[string]string{"lock": "m", "limit": "max-waiters-per-lock", "maximum": "1"},
+			retry: retryWaiters, quota: "lock:m"},
+		{name: "lease.TooManyLocksError", st: mappedAs("alice", &lease.TooManyLocksError{Count: 2, Limit: 2}), code: codes.ResourceExhausted,
+			reason: "TOO_MANY_LOCKS", metadata: map[string]string{"limit": "max-locks-per-identity", "maximum": "2"},
+			retry: retryLocks, quota: "identity:alice"},
 		{name: "lease.ErrTooManyLocks", st: mapped(fmt.Errorf("join: %w", &lease.TooManyLocksError{Count: 5, Limit: 5})), code: codes.ResourceExhausted,
-			reason: "TOO_MANY_LOCKS", metadata: map[string]string{"limit": "max-locks-per-identity", "maximum": "5"}},
-		{name: "lease.ErrCompacted", st: mapped(lease.ErrCompacted), code: codes.OutOfRange},
-		{name: "lease.ErrShuttingDown", st: mapped(lease.ErrShuttingDown), code: codes.Unavailable},
-		{name: "lease.ErrUnavailable", st: mapped(fmt.Errorf("%w: lease: join: etcdserver: no leader", lease.ErrUnavailable)), code: codes.Unavailable},
+			reason: "TOO_MANY_LOCKS", metadata: map[string]string{"limit": "max-locks-per-identity", "maximum": "5"},
+			retry: retryLocks, quota: "identity:"},
+		{name: "lease.ErrCompacted", st: mapped(lease.ErrCompacted), code: codes.OutOfRange, reason: "REVISION_COMPACTED"},
+		{name: "lease.ErrShuttingDown", st: mapped(lease.ErrShuttingDown), code: codes.Unavailable, reason: "SHUTTING_DOWN", retry: retryShutdown},
+		{name: "lease.ErrUnavailable", st: mapped(fmt.Errorf("%w: lease: join: etcdserver: no leader", lease.ErrUnavailable)), code: codes.Unavailable,
+			reason: "ETCD_UNAVAILABLE", retry: retryEtcd},
 
 		// fence: marks.
-		{name: "fence.ErrNoMark", st: mapped(fence.ErrNoMark), code: codes.NotFound},
+		{name: "fence.ErrNoMark", st: mapped(fence.ErrNoMark), code: codes.NotFound, reason: "NO_MARK"},
 		{name: "fence.MarkOwnedError", st: mapped(&fence.MarkOwnedError{Resource: "db", Lock: "a", Owner: "b"}), code: codes.FailedPrecondition,
 			reason: "MARK_OWNED_BY_OTHER_LOCK", metadata: map[string]string{"lock": "b", "resource": "db"}},
 		{name: "fence.ErrMarkOwnedByOtherLock", st: mapped(fmt.Errorf("validate: %w", &fence.MarkOwnedError{Resource: "r", Lock: "x", Owner: "y"})),
 			code: codes.FailedPrecondition, reason: "MARK_OWNED_BY_OTHER_LOCK", metadata: map[string]string{"lock": "y", "resource": "r"}},
-		{name: "fence.TooManyMarksError", st: mapped(&fence.TooManyMarksError{Count: 4, Limit: 4}), code: codes.ResourceExhausted,
-			reason: "TOO_MANY_MARKS", metadata: map[string]string{"limit": "4", "count": "4"}},
+		{name: "fence.TooManyMarksError", st: mappedAs("bob", &fence.TooManyMarksError{Count: 4, Limit: 4}), code: codes.ResourceExhausted,
+			reason: "TOO_MANY_MARKS", metadata: map[string]string{"limit": "4", "count": "4"}, retry: retryMarks, quota: "identity:bob"},
 		{name: "fence.ErrTooManyMarks", st: mapped(fmt.Errorf("validate: %w", &fence.TooManyMarksError{Count: 1, Limit: 1})), code: codes.ResourceExhausted,
-			reason: "TOO_MANY_MARKS", metadata: map[string]string{"limit": "1", "count": "1"}},
+			reason: "TOO_MANY_MARKS", metadata: map[string]string{"limit": "1", "count": "1"}, retry: retryMarks, quota: "identity:"},
 
 		// The caller's context, etcd's transport, stream failures, the unknown.
-		{name: "context.DeadlineExceeded", st: mapped(fmt.Errorf("lease: join: %w", context.DeadlineExceeded)), code: codes.DeadlineExceeded},
-		{name: "context.Canceled", st: mapped(context.Canceled), code: codes.Canceled},
-		{name: "etcd transport Unavailable", st: mapped(fmt.Errorf("lease: read: %w", etcdDown)), code: codes.Unavailable},
-		{name: "stream failure passes unchanged", st: mapped(fmt.Errorf("watch: %w", streamErr(sent))), code: codes.Canceled},
-		{name: "unknown error: Internal, logged", st: mapped(errors.New("boom")), code: codes.Internal, logged: true},
-		{name: "unknown gRPC status: Internal, logged", st: mapped(status.Error(codes.DataLoss, "etcd said so")), code: codes.Internal, logged: true},
+		{name: "context.DeadlineExceeded", st: mapped(fmt.Errorf("lease: join: %w", context.DeadlineExceeded)), code: codes.DeadlineExceeded,
+			reason: "DEADLINE_EXCEEDED"},
+		{name: "context.Canceled", st: mapped(context.Canceled), code: codes.Canceled, reason: "CANCELLED"},
+		{name: "etcd transport Unavailable", st: mapped(fmt.Errorf("lease: read: %w", etcdDown)), code: codes.Unavailable,
+			reason: "ETCD_UNAVAILABLE", retry: retryEtcd},
+		{name: "stream failure passes unchanged", st: mapped(fmt.Errorf("watch: %w", streamErr(sent))), code: codes.Canceled, grpcOwn: true},
+		{name: "unknown error: Internal, logged", st: mapped(errors.New("boom")), code: codes.Internal, reason: "INTERNAL", logged: true},
+		{name: "unknown gRPC status: Internal, logged", st: mapped(status.Error(codes.DataLoss, "etcd said so")), code: codes.Internal,
+			reason: "INTERNAL", logged: true},
 		{name: "nil stays nil", st: mapped(nil), code: codes.OK},
 
 		// The refusals of the transport layer.
-		{name: "errInternal", st: built(errInternal()), code: codes.Internal},
-		{name: "errUnauthenticated", st: built(errUnauthenticated("unknown bearer token")), code: codes.Unauthenticated},
-		{name: "errDenied", st: built(errDenied("alice", "may not use this lock name")), code: codes.PermissionDenied},
+		{name: "errInternal", st: built(errInternal()), code: codes.Internal, reason: "INTERNAL"},
+		{name: "errUnauthenticated", st: built(errUnauthenticated("unknown bearer token")), code: codes.Unauthenticated, reason: "CREDENTIALS_INVALID"},
+		{name: "errNoCredentials", st: built(errNoCredentials("no client certificate and no bearer token")), code: codes.Unauthenticated,
+			reason: "CREDENTIALS_MISSING"},
+		{name: "errAdminOnly", st: built(errAdminOnly("alice", "/coordinator.v1.LockService/ForceRelease", "")), code: codes.PermissionDenied,
+			reason: "ADMIN_ONLY", metadata: map[string]string{"identity": "alice", "method": "/coordinator.v1.LockService/ForceRelease"}},
+		{name: "errNotInPolicy", st: built(errNotInPolicy("mallory")), code: codes.PermissionDenied,
+			reason: "IDENTITY_NOT_IN_POLICY", metadata: map[string]string{"identity": "mallory"}},
+		{name: "errDenied", st: built(errDenied("alice", "may not use this lock name")), code: codes.PermissionDenied,
+			reason: "DENIED_BY_POLICY", metadata: map[string]string{"identity": "alice"}},
 		{name: "errIdentityRevoked", st: built(errIdentityRevoked(codes.PermissionDenied, "the policy changed", "alice")), code: codes.PermissionDenied,
 			reason: "IDENTITY_REVOKED", metadata: map[string]string{"identity": "alice"}},
-		{name: "errRateLimited", st: built(errRateLimited(0.5, 3)), code: codes.ResourceExhausted,
-			reason: "RATE_LIMITED", metadata: map[string]string{"limit": "0.5", "burst": "3"}},
-		{name: "errTooManyStreams", st: built(errTooManyStreams("Watch", 2)), code: codes.ResourceExhausted,
-			reason: "TOO_MANY_STREAMS", metadata: map[string]string{"method": "Watch", "limit": "2"}},
+		{name: "errRateLimited", st: built(errRateLimited(0.5, 3, 1500*time.Millisecond)), code: codes.ResourceExhausted,
+			reason: "RATE_LIMITED", metadata: map[string]string{"limit": "0.5", "burst": "3"}, retry: 1500 * time.Millisecond},
+		{name: "errTooManyStreams", st: built(errTooManyStreams("id:alice", "Watch", 2)), code: codes.ResourceExhausted,
+			reason: "TOO_MANY_STREAMS", metadata: map[string]string{"method": "Watch", "limit": "2"}, retry: retryStreams, quota: "caller:id:alice"},
 		{name: "errMalformedMessage", st: built(errMalformedMessage("coordinator.v1.AcquireRequest", "cannot parse")), code: codes.InvalidArgument,
 			reason: "MALFORMED_MESSAGE", metadata: map[string]string{"message": "coordinator.v1.AcquireRequest"}},
 	}
@@ -146,33 +173,59 @@ func TestErrorContract(t *testing.T) {
 	}
 }
 
+// lowerCamel is the form of every ErrorInfo metadata key.
+var lowerCamel = regexp.MustCompile(`^[a-z][a-zA-Z0-9]*$`)
+
 func checkStatus(t *testing.T, tc errorCase, err error) {
 	t.Helper()
 	st := status.Convert(err)
 	if st.Code() != tc.code {
 		t.Fatalf("code %v (%v), want %v", st.Code(), err, tc.code)
 	}
-	var info *errdetails.ErrorInfo
-	var bad *errdetails.BadRequest
+	if tc.code == codes.OK || tc.grpcOwn {
+		if len(st.Details()) != 0 {
+			t.Errorf("details %v, want none", st.Details())
+		}
+		return
+	}
+	if tc.reason == "" {
+		t.Fatal("the row names no reason: every error the server builds carries an ErrorInfo")
+	}
+	var (
+		info  *errdetails.ErrorInfo
+		bad   *errdetails.BadRequest
+		retry *errdetails.RetryInfo
+		quota *errdetails.QuotaFailure
+	)
 	for _, d := range st.Details() {
 		switch d := d.(type) {
 		case *errdetails.ErrorInfo:
 			info = d
 		case *errdetails.BadRequest:
 			bad = d
+		case *errdetails.RetryInfo:
+			retry = d
+		case *errdetails.QuotaFailure:
+			quota = d
+		default:
+			t.Errorf("unexpected detail %T %v", d, d)
 		}
 	}
-	switch {
-	case tc.reason == "" && info != nil:
-		t.Errorf("ErrorInfo %v, want none", info)
-	case tc.reason != "" && info == nil:
-		t.Errorf("no ErrorInfo, want reason %s", tc.reason)
-	case info != nil:
-		if info.GetReason() != tc.reason || info.GetDomain() != "coordinatord" {
-			t.Errorf("ErrorInfo reason %q domain %q, want %q in coordinatord", info.GetReason(), info.GetDomain(), tc.reason)
-		}
-		if !maps.Equal(info.GetMetadata(), tc.metadata) {
-			t.Errorf("ErrorInfo metadata %v, want %v", info.GetMetadata(), tc.metadata)
+	if info == nil {
+		t.Fatalf("no ErrorInfo, want reason %s", tc.reason)
+	}
+	if info.GetReason() != tc.reason || info.GetDomain() != "coordinatord" {
+		t.Errorf("ErrorInfo reason %q domain %q, want %q in coordinatord", info.GetReason(), info.GetDomain(), tc.reason)
+	}
+	if _, ok := coordinatorv1.ErrorReason_value[reasonPrefix+info.GetReason()]; !ok {
+		t.Errorf("reason %q is not a value of the proto's ErrorReason (as %s%s)", info.GetReason(), reasonPrefix, info.GetReason())
+	}
+	if !maps.Equal(info.GetMetadata(), tc.metadata) {
+		t.Errorf("ErrorInfo metadata %v, want %v", info.GetMetadata(), tc.metadata)
+	}
+	for k := range info.GetMetadata() {
+		if !lowerCamel.MatchString(k) {
+			t.Errorf("ErrorInfo metadata key %q is not lowerCamel", k)
 		}
 	}
 	switch {
@@ -181,8 +234,104 @@ func checkStatus(t *testing.T, tc errorCase, err error) {
 	case tc.field != "" && (bad == nil || len(bad.GetFieldViolations()) != 1 || bad.GetFieldViolations()[0].GetField() != tc.field):
 		t.Errorf("BadRequest %v, want one violation of %q", bad, tc.field)
 	}
-	if tc.code != codes.OK && st.Message() == "" {
+	if tc.code == codes.InvalidArgument && tc.reason == "INVALID_FIELD" && tc.field == "" {
+		t.Error("an INVALID_FIELD row names no BadRequest field")
+	}
+	needRetry := tc.code == codes.ResourceExhausted || tc.code == codes.Unavailable
+	switch {
+	case needRetry && tc.retry <= 0:
+		t.Errorf("a %v row names no RetryInfo delay", tc.code)
+	case tc.retry == 0 && retry != nil:
+		t.Errorf("RetryInfo %v, want none", retry)
+	case tc.retry > 0 && (retry == nil || retry.GetRetryDelay().AsDuration() != tc.retry):
+		t.Errorf("RetryInfo %v, want a delay of %v", retry, tc.retry)
+	}
+	switch {
+	case quotaReasons[tc.reason] && tc.quota == "":
+		t.Errorf("reason %s is a quota: the row names no QuotaFailure subject", tc.reason)
+	case tc.quota == "" && quota != nil:
+		t.Errorf("QuotaFailure %v, want none", quota)
+	case tc.quota != "":
+		if v := quota.GetViolations(); len(v) != 1 || v[0].GetSubject() != tc.quota || v[0].GetDescription() == "" {
+			t.Errorf("QuotaFailure %v, want one described violation of subject %q", quota, tc.quota)
+		}
+	}
+	if st.Message() == "" {
 		t.Error("empty message: say what happened and what to do")
+	}
+}
+
+// quotaReasons are the RESOURCE_EXHAUSTED reasons of a quota (as opposed to
+// a rate): they carry a QuotaFailure besides the RetryInfo.
+var quotaReasons = map[string]bool{
+	"TOO_MANY_WAITERS": true, "TOO_MANY_LOCKS": true, "TOO_MANY_MARKS": true, "TOO_MANY_STREAMS": true, "STORE_FULL": true,
+}
+
+// reasonPrefix is what the proto's enum value names add to the wire reason.
+const reasonPrefix = "ERROR_REASON_"
+
+// Issue 19.4: the reasons the server sends and the proto's ErrorReason are
+// the same set. Every withReason call of the server names its reason as a
+// string literal (so that this test sees all of them); each is a value of
+// the enum (as ERROR_REASON_<reason>), and each value of the enum but
+// UNSPECIFIED is sent somewhere.
+func TestReasonsAreTheProtoEnum(t *testing.T) {
+	fset := token.NewFileSet()
+	sent := map[string]bool{}
+	for _, file := range goFiles(t, ".") {
+		f, err := parser.ParseFile(fset, file, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			if fn, ok := call.Fun.(*ast.Ident); !ok || fn.Name != "withReason" {
+				return true
+			}
+			lit, ok := call.Args[2].(*ast.BasicLit)
+			if !ok || lit.Kind != token.STRING {
+				t.Errorf("%s: withReason's reason is not a string literal", fset.Position(call.Pos()))
+				return true
+			}
+			r, _ := strconv.Unquote(lit.Value)
+			sent[r] = true
+			return true
+		})
+	}
+	for r := range sent {
+		if _, ok := coordinatorv1.ErrorReason_value[reasonPrefix+r]; !ok {
+			t.Errorf("the server sends reason %q, which api/coordinator/v1/errors.proto does not list as %s%s", r, reasonPrefix, r)
+		}
+	}
+	for name, n := range coordinatorv1.ErrorReason_value {
+		if n == 0 {
+			continue
+		}
+		if !sent[strings.TrimPrefix(name, reasonPrefix)] {
+			t.Errorf("the proto's %s is sent nowhere: send it, or reserve it in errors.proto", name)
+		}
+	}
+}
+
+// The RetryInfo of RATE_LIMITED is when the caller's bucket holds a token
+// again: an empty bucket of 2 tokens/s refills one in 500ms.
+func TestRateLimitRetryDelay(t *testing.T) {
+	now := time.Now()
+	lim := rate.NewLimiter(2, 1)
+	if !lim.AllowN(now, 1) || lim.AllowN(now, 1) {
+		t.Fatal("a bucket of 1 allows exactly one call at once")
+	}
+	if got := tokenWait(lim.TokensAt(now), 2); got != 500*time.Millisecond {
+		t.Errorf("wait %v, want 500ms", got)
+	}
+	if got := tokenWait(lim.TokensAt(now.Add(200*time.Millisecond)), 2); got != 300*time.Millisecond {
+		t.Errorf("wait after 200ms %v, want 300ms", got)
+	}
+	if got := tokenWait(1, 2); got != 0 {
+		t.Errorf("wait with a token %v, want 0", got)
 	}
 }
 

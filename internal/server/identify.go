@@ -29,7 +29,7 @@ func identify(ctx context.Context, store *authz.Store, fromCN bool) (string, err
 	md, _ := metadata.FromIncomingContext(ctx)
 	vals := md.Get("authorization")
 	if len(vals) == 0 {
-		return "", errUnauthenticated("no client certificate and no bearer token: present a client certificate or the metadata \"authorization: Bearer <token>\"")
+		return "", errNoCredentials("no client certificate and no bearer token: present a client certificate or the metadata \"authorization: Bearer <token>\"")
 	}
 	tok, ok := bearerToken(vals[0])
 	if !ok || len(vals) > 1 {

@@ -142,8 +142,20 @@ func TestRateLimitPerAddressWithoutAuthorization(t *testing.T) {
 			t.Fatalf("call %d: %v", i, err)
 		}
 	}
-	if _, err := e.lc.ValidateToken(ctxT(t, 10*time.Second), &coordinatorv1.ValidateTokenRequest{Name: "x", Token: 1}); code(err) != codes.ResourceExhausted {
-		t.Fatalf("3rd call: %v, want RESOURCE_EXHAUSTED", err)
+	_, err := e.lc.ValidateToken(ctxT(t, 10*time.Second), &coordinatorv1.ValidateTokenRequest{Name: "x", Token: 1})
+	if code(err) != codes.ResourceExhausted || reasonOf(err) != "RATE_LIMITED" {
+		t.Fatalf("3rd call: %v, want RESOURCE_EXHAUSTED, reason RATE_LIMITED", err)
+	}
+	// Issue 19.4: its RetryInfo is when the bucket holds a token again: at
+	// most 1/rps (100s) away, and not yet.
+	var delay time.Duration
+	for _, d := range status.Convert(err).Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			delay = ri.GetRetryDelay().AsDuration()
+		}
+	}
+	if delay <= 0 || delay > 100*time.Second {
+		t.Fatalf("RetryInfo delay %v, want within (0, 100s]", delay)
 	}
 }
 

@@ -111,9 +111,22 @@ func (r *rateLimiter) allow(ctx context.Context) error {
 	}
 	c.seen = now
 	ok = c.lim.AllowN(now, 1)
+	var wait time.Duration
+	if !ok {
+		wait = tokenWait(c.lim.TokensAt(now), r.rps)
+	}
 	r.mu.Unlock()
 	if !ok {
-		return errRateLimited(float64(r.rps), r.burst)
+		return errRateLimited(float64(r.rps), r.burst, wait)
 	}
 	return nil
+}
+
+// tokenWait is how long a bucket holding tokens (less than one) takes to
+// refill to one token at rps: the RetryInfo of a RATE_LIMITED refusal.
+func tokenWait(tokens float64, rps rate.Limit) time.Duration {
+	if rps <= 0 || tokens >= 1 {
+		return 0
+	}
+	return time.Duration((1 - tokens) / float64(rps) * float64(time.Second))
 }

@@ -45,7 +45,7 @@ func (c StreamCaps) Interceptor() grpc.StreamServerInterceptor {
 		}
 		k := streamKey{caller: caller(ss.Context()), method: kind}
 		if !open.take(k, limit) {
-			return errTooManyStreams(kind, limit)
+			return errTooManyStreams(k.caller, kind, limit)
 		}
 		defer open.give(k)
 		return h(srv, ss)

@@ -52,11 +52,15 @@ const (
 // characters (U+0000..U+001F, U+007F). Two different names never observe,
 // block or release each other, whatever prefixes or separators they share.
 //
-// Errors (google.rpc.Code):
-//   - INVALID_ARGUMENT: a malformed field; the message names it. Nothing is written.
-//   - ABORTED: Acquire was not granted within `wait`; an ErrorInfo detail
-//     (reason "LOCK_HELD", domain "coordinatord") carries the current holder's
-//     token in metadata["holder_token"].
+// Errors (google.rpc.Code). Every error carries an ErrorInfo detail (domain
+// "coordinatord") whose reason is a value of ErrorReason (errors.proto)
+// without its ERROR_REASON_ prefix; RESOURCE_EXHAUSTED and UNAVAILABLE also
+// carry a RetryInfo, quotas a QuotaFailure. errors.proto says which reason
+// goes with which code and cause.
+//   - INVALID_ARGUMENT: a malformed field; the message, a BadRequest detail
+//     and metadata["field"] (reason "INVALID_FIELD") name it. Nothing is written.
+//   - ABORTED: Acquire was not granted within `wait` (reason "LOCK_HELD");
+//     metadata["holderToken"] is the current holder's token.
 //   - DEADLINE_EXCEEDED / CANCELLED: the caller's own deadline or cancellation.
 //   - NOT_FOUND: KeepAlive on a grant that no longer lives (or a wrong handle).
 //   - FAILED_PRECONDITION: renewal past max_hold; a session acquiring a lock
@@ -297,11 +301,15 @@ func (c *lockServiceClient) List(ctx context.Context, in *ListRequest, opts ...g
 // characters (U+0000..U+001F, U+007F). Two different names never observe,
 // block or release each other, whatever prefixes or separators they share.
 //
-// Errors (google.rpc.Code):
-//   - INVALID_ARGUMENT: a malformed field; the message names it. Nothing is written.
-//   - ABORTED: Acquire was not granted within `wait`; an ErrorInfo detail
-//     (reason "LOCK_HELD", domain "coordinatord") carries the current holder's
-//     token in metadata["holder_token"].
+// Errors (google.rpc.Code). Every error carries an ErrorInfo detail (domain
+// "coordinatord") whose reason is a value of ErrorReason (errors.proto)
+// without its ERROR_REASON_ prefix; RESOURCE_EXHAUSTED and UNAVAILABLE also
+// carry a RetryInfo, quotas a QuotaFailure. errors.proto says which reason
+// goes with which code and cause.
+//   - INVALID_ARGUMENT: a malformed field; the message, a BadRequest detail
+//     and metadata["field"] (reason "INVALID_FIELD") name it. Nothing is written.
+//   - ABORTED: Acquire was not granted within `wait` (reason "LOCK_HELD");
+//     metadata["holderToken"] is the current holder's token.
 //   - DEADLINE_EXCEEDED / CANCELLED: the caller's own deadline or cancellation.
 //   - NOT_FOUND: KeepAlive on a grant that no longer lives (or a wrong handle).
 //   - FAILED_PRECONDITION: renewal past max_hold; a session acquiring a lock
