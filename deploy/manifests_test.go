@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -258,12 +259,21 @@ func TestSharedService(t *testing.T) {
 			t.Errorf("coordinatord has no flag -%s", f)
 		}
 	}
-	var svc, pdb bool
+	checkShutdown(t, pod.Spec, c)
+	var svc, headless, pdb bool
 	for _, s := range o.services {
-		if s.Name == "coordinatord" {
+		switch s.Name {
+		case "coordinatord":
 			svc = true
 			selects(t, "Service coordinatord", s.Spec.Selector, pod.Labels)
+		case "coordinatord-headless": // per-request balancing: dns:/// and round_robin
+			headless = s.Spec.ClusterIP == corev1.ClusterIPNone && !s.Spec.PublishNotReadyAddresses &&
+				len(s.Spec.Ports) == 1 && s.Spec.Ports[0].Port == 7070
+			selects(t, "Service coordinatord-headless", s.Spec.Selector, pod.Labels)
 		}
+	}
+	if !headless {
+		t.Error("want a headless Service coordinatord-headless of the ready pods' gRPC port, for client-side round robin")
 	}
 	for _, p := range o.pdbs {
 		if p.Name == "coordinatord" {
@@ -291,6 +301,34 @@ func TestSharedService(t *testing.T) {
 	}
 	if !admitted {
 		t.Error("etcd's NetworkPolicy does not admit the coordinatord pods")
+	}
+}
+
+// checkShutdown: a preStop pause lets the endpoint leave the Service
+// before SIGTERM, and the grace period covers the pause and the daemon's
+// -shutdown-timeout.
+func checkShutdown(t *testing.T, pod corev1.PodSpec, c corev1.Container) {
+	t.Helper()
+	if c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil || c.Lifecycle.PreStop.Sleep.Seconds < 1 {
+		t.Fatalf("%s: want a preStop sleep (the image has no shell), got %+v", c.Name, c.Lifecycle)
+	}
+	pause := time.Duration(c.Lifecycle.PreStop.Sleep.Seconds) * time.Second
+	var stop time.Duration
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, "--shutdown-timeout="); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				t.Fatalf("%s: %v", a, err)
+			}
+			stop = d
+		}
+	}
+	if stop == 0 {
+		t.Fatalf("%s: set --shutdown-timeout, so that the grace period can be checked against it", c.Name)
+	}
+	if pod.TerminationGracePeriodSeconds == nil || time.Duration(*pod.TerminationGracePeriodSeconds)*time.Second < pause+stop+time.Second {
+		t.Errorf("terminationGracePeriodSeconds %v: want above the preStop pause %v plus --shutdown-timeout %v",
+			pod.TerminationGracePeriodSeconds, pause, stop)
 	}
 }
 
