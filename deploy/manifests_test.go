@@ -141,35 +141,52 @@ func flagsOf(args []string) []string {
 }
 
 var (
-	helpOnce sync.Once
-	help     string
-	helpErr  error
+	binOnce sync.Once
+	binDir  string
+	bin     string
+	binErr  error
+	help    string
 )
+
+// daemonBinary builds ./cmd/coordinatord once for the package's tests
+// (TestMain removes it).
+func daemonBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		binDir, binErr = os.MkdirTemp("", "coordinatord-deploy-test")
+		if binErr != nil {
+			return
+		}
+		bin = filepath.Join(binDir, "coordinatord")
+		cmd := exec.Command("go", "build", "-o", bin, "./cmd/coordinatord")
+		cmd.Dir = ".."
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("build coordinatord: %w\n%s", err, out)
+			return
+		}
+		var out []byte
+		out, binErr = exec.Command(bin, "-help").CombinedOutput()
+		help = string(out)
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return bin
+}
 
 // daemonFlags is the daemon's -help output (it lists every flag).
 func daemonFlags(t *testing.T) string {
 	t.Helper()
-	helpOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "coordinatord-deploy-test")
-		if err != nil {
-			helpErr = err
-			return
-		}
-		defer os.RemoveAll(dir)
-		bin := filepath.Join(dir, "coordinatord")
-		cmd := exec.Command("go", "build", "-o", bin, "./cmd/coordinatord")
-		cmd.Dir = ".."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			helpErr = fmt.Errorf("build coordinatord: %w\n%s", err, out)
-			return
-		}
-		out, err := exec.Command(bin, "-help").CombinedOutput()
-		help, helpErr = string(out), err
-	})
-	if helpErr != nil {
-		t.Fatal(helpErr)
-	}
+	daemonBinary(t)
 	return help
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
 }
 
 func checkEtcd(t *testing.T, o objects) {
