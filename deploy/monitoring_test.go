@@ -394,6 +394,8 @@ func scrapeDaemon(t *testing.T) map[string]bool {
 	l.Close()
 	cmd := exec.Command(bin, "-listen=127.0.0.1:0", "-metrics-listen="+addr, "-data-dir="+t.TempDir(), "-log-format=text")
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	// The flags above only: no COORDINATORD_* setting of the caller's.
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "COORDINATORD_") })
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
