@@ -111,7 +111,7 @@ func untar(t *testing.T, path, dir string) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = io.Copy(w, tr) //nolint:gosec // our own archive
+		_, err = io.Copy(w, tr)
 		if err := errors.Join(err, w.Close()); err != nil {
 			t.Fatal(err)
 		}
@@ -255,7 +255,7 @@ func TestImage(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				_, err = io.Copy(f, tr) //nolint:gosec // our own layer, of a known size
+				_, err = io.Copy(f, tr)
 				if err := errors.Join(err, f.Close()); err != nil {
 					t.Fatal(err)
 				}
