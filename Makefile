@@ -22,7 +22,7 @@ build:
 ## deploy/README.md says how to push it; deploy/image, run by deploy/cmd/buildimage, tested by deploy's go test)
 image:
 	@mkdir -p $(BIN)
-	cd deploy && $(GO) run ./cmd/buildimage -root $(CURDIR) -version $(VERSION) -o $(BIN)/coordinatord-image.tar
+	cd deploy && $(GO) run ./cmd/buildimage -go $(GO) -root $(CURDIR) -version $(VERSION) -o $(BIN)/coordinatord-image.tar
 
 ## run: start the daemon on 127.0.0.1:7070 with an embedded etcd in ./coordinatord-data (pass flags with ARGS=...)
 run: build

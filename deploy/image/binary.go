@@ -14,9 +14,9 @@ const versionVar = "github.com/coordinatord/coordinatord/internal/version.Versio
 // image needs it: static (CGO_ENABLED=0, so it runs on an empty base),
 // for linux/arch, with -trimpath and without symbol tables (-s -w: the
 // image build is reproducible and smaller), stamped with version like make
-// build.
-func BuildBinary(root, out, version, arch string) error {
-	cmd := exec.Command("go", "build", "-trimpath",
+// build. goCmd is the go command to run ("go": the one on PATH).
+func BuildBinary(goCmd, root, out, version, arch string) error {
+	cmd := exec.Command(goCmd, "build", "-trimpath",
 		"-ldflags", "-s -w -X "+versionVar+"="+version,
 		"-o", out, "./cmd/coordinatord")
 	cmd.Dir = root

@@ -16,12 +16,13 @@ import (
 )
 
 func main() {
+	goCmd := flag.String("go", "go", "the go command that compiles the daemon")
 	root := flag.String("root", "..", "the repository root (holds cmd/coordinatord)")
 	version := flag.String("version", "dev", "the version to stamp into the binary and the image's labels and tag")
 	arch := flag.String("arch", runtime.GOARCH, "the architecture to build for (GOARCH)")
 	out := flag.String("o", "coordinatord-image.tar", "the image tarball to write")
 	flag.Parse()
-	if err := build(*root, *version, *arch, *out); err != nil {
+	if err := build(*goCmd, *root, *version, *arch, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "buildimage:", err)
 		os.Exit(1)
 	}
@@ -29,14 +30,14 @@ func main() {
 
 // build compiles the binary into a temporary directory, builds the image
 // around it, writes it to out and prints its digest.
-func build(root, version, arch, out string) error {
+func build(goCmd, root, version, arch, out string) error {
 	tmp, err := os.MkdirTemp("", "buildimage-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
 	bin := filepath.Join(tmp, "coordinatord")
-	if err := image.BuildBinary(root, bin, version, arch); err != nil {
+	if err := image.BuildBinary(goCmd, root, bin, version, arch); err != nil {
 		return err
 	}
 	img, err := image.Build(bin, image.WithVersion(version), image.WithArch(arch))
