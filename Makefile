@@ -8,7 +8,7 @@ ARGS    ?=
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/coordinatord/coordinatord/internal/version.Version=$(VERSION)
 
-.PHONY: all build run test test-short chaos generate lint verify grpcurl clean bench bench-quick bench-go
+.PHONY: all build image run test test-short chaos generate lint verify grpcurl clean bench bench-quick bench-go
 
 all: build
 
@@ -17,6 +17,13 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/coordinatord ./cmd/coordinatord
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/coordctl ./cmd/coordctl
 
+## image: build the container image without a container engine or a registry into bin/coordinatord-image.tar
+## (the static daemon stamped with VERSION on an empty base, user 65532, an OCI layout that docker load also reads;
+## deploy/README.md says how to push it; deploy/image, run by deploy/cmd/buildimage, tested by deploy's go test)
+image:
+	@mkdir -p $(BIN)
+	cd deploy && $(GO) run ./cmd/buildimage -go $(GO) -root $(CURDIR) -version $(VERSION) -o $(BIN)/coordinatord-image.tar
+
 ## run: start the daemon on 127.0.0.1:7070 with an embedded etcd in ./coordinatord-data (pass flags with ARGS=...)
 run: build
 	$(BIN)/coordinatord $(ARGS)
@@ -24,7 +31,8 @@ run: build
 ## test: vet, every test against real etcd (embedded) and real gRPC, then all again under the race detector
 ## (liveness bounds such as "try-lock answers promptly" are asserted only in the first, race-free pass)
 ## (deploy/ is its own module: its test builds the kustomizations, decodes every manifest with the Kubernetes API types,
-## validates it against the Kubernetes OpenAPI schema embedded in kustomize, and runs the Dockerfile's go build line)
+## validates it against the Kubernetes OpenAPI schema embedded in kustomize, runs the Dockerfile's go build line,
+## and builds the image as make image does, reads it back, checks its config and runs the binary from its layer)
 ## (and every testing.B benchmark runs once, so a broken benchmark fails here, not in someone's bench run)
 test:
 	$(GO) vet ./...
