@@ -30,9 +30,20 @@ type lang struct {
 	run func(script string) []string
 }
 
-// python finds a python3 that can import grpc and grpc_tools (Debian's
-// python3-grpcio and python3-grpc-tools), or skips.
+// python finds a python3 that can import grpc (Debian's python3-grpcio), or
+// skips; the scripts import the committed stubs and the coordinatord package
+// from examples/python.
 func python(t *testing.T) lang {
+	t.Helper()
+	py := pythonWith(t, "grpc")
+	return lang{name: "python", run: func(script string) []string {
+		return []string{py, filepath.Join("python", script+".py")}
+	}}
+}
+
+// pythonWith finds a python3 that can import every module, or skips (fails
+// under COORDTEST_EXAMPLES_REQUIRED=1).
+func pythonWith(t *testing.T, modules ...string) string {
 	t.Helper()
 	var candidates []string
 	if p := os.Getenv("COORDINATORD_PYTHON"); p != "" {
@@ -44,15 +55,14 @@ func python(t *testing.T) lang {
 	if p, err := exec.LookPath("python3"); err == nil {
 		candidates = append(candidates, p)
 	}
+	imports := "import " + strings.Join(modules, ", ")
 	for _, py := range candidates {
-		if exec.Command(py, "-c", "import grpc, grpc_tools.protoc").Run() == nil {
-			return lang{name: "python", run: func(script string) []string {
-				return []string{py, filepath.Join("python", script+".py")}
-			}}
+		if exec.Command(py, "-c", imports).Run() == nil {
+			return py
 		}
 	}
-	skipOrFail(t, fmt.Sprintf("no python3 with grpc and grpc_tools among %v: apt-get install python3-grpcio python3-grpc-tools", candidates))
-	return lang{}
+	skipOrFail(t, fmt.Sprintf("no python3 that can %q among %v: apt-get install python3-grpcio python3-grpc-tools python3-pytest", imports, candidates))
+	return ""
 }
 
 // node finds node and the example's installed dependencies, or skips.
