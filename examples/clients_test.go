@@ -30,9 +30,20 @@ type lang struct {
 	run func(script string) []string
 }
 
-// python finds a python3 that can import grpc and grpc_tools (Debian's
-// python3-grpcio and python3-grpc-tools), or skips.
+// python finds a python3 that can import grpc (Debian's python3-grpcio), or
+// skips; the scripts import the committed stubs and the coordinatord package
+// from examples/python.
 func python(t *testing.T) lang {
+	t.Helper()
+	py := pythonWith(t, "grpc")
+	return lang{name: "python", run: func(script string) []string {
+		return []string{py, filepath.Join("python", script+".py")}
+	}}
+}
+
+// pythonWith finds a python3 that can import every module, or skips (fails
+// under COORDTEST_EXAMPLES_REQUIRED=1).
+func pythonWith(t *testing.T, modules ...string) string {
 	t.Helper()
 	var candidates []string
 	if p := os.Getenv("COORDINATORD_PYTHON"); p != "" {
@@ -44,31 +55,59 @@ func python(t *testing.T) lang {
 	if p, err := exec.LookPath("python3"); err == nil {
 		candidates = append(candidates, p)
 	}
+	imports := "import " + strings.Join(modules, ", ")
 	for _, py := range candidates {
-		if exec.Command(py, "-c", "import grpc, grpc_tools.protoc").Run() == nil {
-			return lang{name: "python", run: func(script string) []string {
-				return []string{py, filepath.Join("python", script+".py")}
-			}}
+		if exec.Command(py, "-c", imports).Run() == nil {
+			return py
 		}
 	}
-	skipOrFail(t, fmt.Sprintf("no python3 with grpc and grpc_tools among %v: apt-get install python3-grpcio python3-grpc-tools", candidates))
-	return lang{}
+	skipOrFail(t, fmt.Sprintf("no python3 that can %q among %v: apt-get install python3-grpcio python3-grpc-tools python3-pytest", imports, candidates))
+	return ""
 }
 
-// node finds node and the example's installed dependencies, or skips.
+// node finds node and the example's installed dependencies, compiles the
+// TypeScript sources (once per test binary), or skips.
 func node(t *testing.T) lang {
 	t.Helper()
 	n, err := exec.LookPath("node")
 	if err != nil {
 		skipOrFail(t, "node not found on PATH: install Node.js 18 or later")
 	}
-	if _, err := os.Stat(filepath.Join("node", "node_modules", "@grpc", "grpc-js", "package.json")); err != nil {
-		skipOrFail(t, "examples/node/node_modules is missing: run (cd examples/node && npm ci)")
+	for _, dep := range []string{"@grpc/grpc-js", "typescript"} {
+		if _, err := os.Stat(filepath.Join("node", "node_modules", dep, "package.json")); err != nil {
+			skipOrFail(t, "examples/node/node_modules is missing "+dep+": run (cd examples/node && npm ci)")
+		}
+	}
+	if err := compileNode(n); err != nil {
+		t.Fatal(err)
 	}
 	return lang{name: "node", run: func(script string) []string {
-		return []string{n, filepath.Join("node", script+".js")}
+		return []string{n, filepath.Join("node", "dist", script+".js")}
 	}}
 }
+
+var (
+	compileOnce sync.Once
+	compileErr  error
+)
+
+// compileNode compiles examples/node/src into examples/node/dist with the
+// pinned TypeScript (npx tsc, without npx's network look-up), strict type
+// checking included: a type error fails every Node test.
+func compileNode(nodeBin string) error {
+	compileOnce.Do(func() {
+		start := time.Now()
+		cmd := exec.Command(nodeBin, filepath.Join("node_modules", "typescript", "bin", "tsc"), "-p", ".")
+		cmd.Dir = "node"
+		if out, err := cmd.CombinedOutput(); err != nil {
+			compileErr = fmt.Errorf("tsc -p examples/node: %v\n%s", err, out)
+		}
+		compileTook = time.Since(start)
+	})
+	return compileErr
+}
+
+var compileTook time.Duration
 
 // event is one output line of an example: `kind key=value ...`.
 type event struct {
