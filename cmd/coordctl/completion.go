@@ -90,15 +90,22 @@ _coordctl() {
 complete -o default -F _coordctl coordctl
 `
 
+// completionScripts are the scripts of "coordctl completion SHELL".
+var completionScripts = map[string]string{"bash": bashCompletion, "zsh": zshCompletion, "fish": fishCompletion}
+
 func cmdCompletion(e *env, args []string) int {
-	if len(args) != 1 || args[0] != "bash" {
-		fmt.Fprintln(e.stderr, "Usage: coordctl completion bash\n\nPrints a bash completion script; load it with: source <(coordctl completion bash)")
+	script, ok := "", len(args) == 1
+	if ok {
+		script, ok = completionScripts[args[0]]
+	}
+	if !ok {
+		fmt.Fprintln(e.stderr, "Usage: coordctl completion bash|zsh|fish\n\nPrints a completion script; load it with:\n  bash: source <(coordctl completion bash)\n  zsh:  source <(coordctl completion zsh)   (after compinit)\n  fish: coordctl completion fish | source")
 		if len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
 			return exitOK
 		}
 		return exitUsage
 	}
-	if _, err := io.WriteString(e.stdout, bashCompletion); err != nil {
+	if _, err := io.WriteString(e.stdout, script); err != nil {
 		fmt.Fprintln(e.stderr, "coordctl completion:", err)
 		return exitError
 	}
