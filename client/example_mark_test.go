@@ -24,7 +24,7 @@ func ExampleClient_GetMark() {
 		fmt.Println(err)
 		return
 	}
-	defer c.Release(ctx, client.GrantRef{Name: g.Name, Token: g.Token, Handle: g.Handle})
+	defer func() { _, _ = c.Release(ctx, client.GrantRef{Name: g.Name, Token: g.Token, Handle: g.Handle}) }()
 	if _, err := c.ValidateToken(ctx, g.Name, g.Token, "example-marks/bucket"); err != nil {
 		fmt.Println(err)
 		return
