@@ -336,7 +336,7 @@ COMP_WORDS=(coordctl exec --gr); COMP_CWORD=2; _coordctl; echo "${COMPREPLY[@]}"
 			t.Fatalf("bash completion: %v\n%s", err, out)
 		}
 	}
-	must(t, exitUsage, "completion", "zsh")
+	must(t, exitUsage, "completion", "tcsh") // zsh and fish have scripts now
 }
 
 func TestEnvironmentSettings(t *testing.T) {
