@@ -29,7 +29,8 @@
 // all coordctl uses): AcquireGrant, a grant nothing renews, renewed and
 // released by its GrantRef (KeepAlive, Release) from any process;
 // ValidateToken; Describe; List and Pages over the held locks; Watch;
-// ForceRelease; and sessions (OpenSession), one lease for many locks. Each
+// ForceRelease; sessions (OpenSession), one lease for many locks; and the
+// resources' high-water marks (GetMark, Marks, DeleteMark, RebindMark). Each
 // call retries UNAVAILABLE as Acquire does when a retry is safe, and says
 // so; its other errors are gRPC status errors.
 package client
@@ -139,6 +140,7 @@ func WithSafetyMargin(d time.Duration) Option { return func(o *options) { o.marg
 type Client struct {
 	conn *grpc.ClientConn // nil when the caller owns the connection
 	lc   coordinatorv1.LockServiceClient
+	fc   coordinatorv1.FenceServiceClient
 	o    options
 
 	root context.Context // cancelled by Close
@@ -189,7 +191,7 @@ func newOptions(opts []Option) options {
 
 func newClient(cc grpc.ClientConnInterface, o options) *Client {
 	root, halt := context.WithCancel(context.Background())
-	return &Client{lc: coordinatorv1.NewLockServiceClient(cc), o: o, root: root, halt: halt, locks: map[*Lock]struct{}{}}
+	return &Client{lc: coordinatorv1.NewLockServiceClient(cc), fc: coordinatorv1.NewFenceServiceClient(cc), o: o, root: root, halt: halt, locks: map[*Lock]struct{}{}}
 }
 
 // Close releases every lock still held (best effort, each bounded by 2s: a

@@ -66,6 +66,14 @@ func (c *Client) OpenSession(ctx context.Context, opts ...SessionOption) (*Sessi
 		ExpiresAt: asTime(resp.GetExpiresAt()), SafeUntil: asTime(resp.GetSafeUntil())}, nil
 }
 
+// ResumeSession is the session whose secret handle is handle, opened
+// earlier, maybe by another process (coordctl's session commands pass the
+// handle so). KeepAlive, Close and Acquire work on it as on the Session
+// OpenSession returned; its LeaseID, TTL and times are zero: KeepAlive
+// tells the TTL and times. The call makes no request: a handle that is not
+// a live session's is found out by the first call (NOT_FOUND).
+func (c *Client) ResumeSession(handle string) *Session { return &Session{c: c, Handle: handle} }
+
 // Acquire acquires the lock name through the session, as AcquireGrant
 // does; WithTTL and WithRequestID do not apply (the session's lease is the
 // grant's) and WithLockDelay is refused. The grant's Handle is the

@@ -22,6 +22,7 @@ type command struct {
 // runner is a spec with its types erased, so that one table holds them all.
 type runner interface {
 	main(e *env, args []string) int
+	synopsisText() string
 }
 
 // spec is what a command is: its synopsis and help, its arguments and
@@ -62,6 +63,8 @@ type call[F any] struct {
 	c     *client.Client
 	after []func() // run when the command ends, last first
 }
+
+func (s spec[F, R]) synopsisText() string { return s.synopsis }
 
 func (s spec[F, R]) main(e *env, args []string) int {
 	fs := e.flagSet(e.name)

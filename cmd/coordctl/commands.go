@@ -19,11 +19,17 @@ import (
 // (run), then how it shows the answer (print, in print.go and below).
 var commands = []command{
 	{name: "acquire", spec: spec[acquireLine, client.Grant]{
-		synopsis: "NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--max-hold D]",
-		examples: "  coordctl acquire reports/nightly --ttl 30s --owner host-a\n  coordctl -o json acquire reports/nightly --wait 0s\n",
+		synopsis: "NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--max-hold D] [--session]", extraHelp: sessionHelp,
+		examples: "  coordctl acquire reports/nightly --ttl 30s --owner host-a\n  coordctl -o json acquire reports/nightly --wait 0s\n  COORDCTL_SESSION=$SESSION coordctl acquire reports/nightly --session\n",
 		minArgs:  1, maxArgs: 1,
-		flags: func(fs *flag.FlagSet, f *acquireLine) { f.lock.register(fs) },
-		args:  func(_ *env, pos []string, f *acquireLine) int { f.name = pos[0]; return -1 },
+		flags: func(fs *flag.FlagSet, f *acquireLine) { f.lock.register(fs); f.session.register(fs) },
+		args: func(e *env, pos []string, f *acquireLine) int {
+			f.name = pos[0]
+			if !f.session.wanted() {
+				return -1
+			}
+			return f.session.resolve(e, "NAME --session [--session-file FILE]")
+		},
 		run:   runAcquire,
 		print: printGrant,
 	}},
@@ -123,6 +129,76 @@ var commands = []command{
 		run:   runExec,
 		print: func(_ *call[execLine], code int) int { return code },
 	}},
+	{name: "session open", spec: spec[sessionOpenLine, *client.Session]{
+		synopsis: "[--ttl D] [--owner S]", extraHelp: sessionHelp,
+		examples: "  SESSION=$(coordctl -o json session open --ttl 30s | jq -r .handle)\n",
+		minArgs:  0, maxArgs: 0,
+		flags: func(fs *flag.FlagSet, f *sessionOpenLine) {
+			fs.Var(&f.ttl, "ttl", "the session lease's TTL, whole seconds (default: the server's)")
+			fs.StringVar(&f.owner, "owner", defaultOwner(), "who holds the session's locks, shown by describe and list")
+		},
+		run: runSessionOpen, print: printSession,
+	}},
+	{name: "session keepalive", spec: spec[sessionLine, sessionRenewal]{
+		synopsis: "[--session-file FILE]", extraHelp: sessionHelp,
+		examples: "  COORDCTL_SESSION=$SESSION coordctl session keepalive\n  coordctl session keepalive --session-file session.handle\n",
+		minArgs:  0, maxArgs: 0,
+		flags: func(fs *flag.FlagSet, f *sessionLine) { f.register(fs) },
+		args:  func(e *env, _ []string, f *sessionLine) int { return f.resolve(e, "[--session-file FILE]") },
+		run:   runSessionKeepAlive, print: printSessionRenewal,
+	}},
+	{name: "session close", spec: spec[sessionLine, sessionEnd]{
+		synopsis: "[--session-file FILE]", extraHelp: sessionHelp,
+		examples: "  COORDCTL_SESSION=$SESSION coordctl session close\n",
+		minArgs:  0, maxArgs: 0,
+		flags: func(fs *flag.FlagSet, f *sessionLine) { f.register(fs) },
+		args:  func(e *env, _ []string, f *sessionLine) int { return f.resolve(e, "[--session-file FILE]") },
+		run:   runSessionClose, print: printSessionEnd,
+	}},
+	{name: "marks list", spec: spec[string, []client.Mark]{
+		synopsis: "[PREFIX]",
+		examples: "  coordctl marks list s3/\n  coordctl -o json marks list\n",
+		minArgs:  0, maxArgs: 1,
+		args:  func(_ *env, pos []string, prefix *string) int { *prefix = optional(pos); return -1 },
+		run:   listMarks,
+		print: printMarks[string],
+	}},
+	{name: "marks get", spec: spec[string, client.Mark]{
+		synopsis: "RESOURCE",
+		examples: "  coordctl marks get s3/reports\n",
+		minArgs:  1, maxArgs: 1,
+		args: func(_ *env, pos []string, r *string) int { *r = pos[0]; return -1 },
+		run: func(x *call[string]) (client.Mark, error) {
+			ctx, cancel := x.bounded()
+			defer cancel()
+			return x.c.GetMark(ctx, *x.f)
+		},
+		print: printMark[string],
+	}},
+	{name: "marks delete", spec: spec[string, client.Mark]{
+		synopsis: "RESOURCE",
+		examples: "  coordctl marks delete s3/retired-bucket\n",
+		minArgs:  1, maxArgs: 1,
+		args: func(_ *env, pos []string, r *string) int { *r = pos[0]; return -1 },
+		run: func(x *call[string]) (client.Mark, error) {
+			ctx, cancel := x.bounded()
+			defer cancel()
+			return x.c.DeleteMark(ctx, *x.f)
+		},
+		print: printMark[string],
+	}},
+	{name: "marks rebind", spec: spec[resourceLock, client.Mark]{
+		synopsis: "RESOURCE LOCK",
+		examples: "  coordctl marks rebind s3/reports jobs/reports-v2\n",
+		minArgs:  2, maxArgs: 2,
+		args: func(_ *env, pos []string, f *resourceLock) int { f.resource, f.lock = pos[0], pos[1]; return -1 },
+		run: func(x *call[resourceLock]) (client.Mark, error) {
+			ctx, cancel := x.bounded()
+			defer cancel()
+			return x.c.RebindMark(ctx, x.f.resource, x.f.lock)
+		},
+		print: printMark[resourceLock],
+	}},
 	// The API has no call that names the server's build, so version is
 	// coordctl's own; the server's is its coordinatord_build_info metric.
 	{name: "version", spec: spec[struct{}, version.Info]{
@@ -143,23 +219,37 @@ var commands = []command{
 	}},
 }
 
-// lookup finds the command args[0], nil if there is none.
+// lookup finds the command named by args ("list", or a group's "marks
+// get"), nil if there is none.
 func lookup(args []string) *command {
-	if len(args) != 1 {
+	if len(args) == 0 {
 		return nil
 	}
+	name := strings.Join(args, " ")
 	for i := range commands {
-		if commands[i].name == args[0] {
+		if commands[i].name == name {
 			return &commands[i]
 		}
 	}
 	return nil
 }
 
+// isGroup reports whether word starts command names of two words
+// (session, marks).
+func isGroup(word string) bool {
+	for _, c := range commands {
+		if g, _, ok := strings.Cut(c.name, " "); ok && g == word {
+			return true
+		}
+	}
+	return false
+}
+
 // acquireLine is the command line of acquire.
 type acquireLine struct {
-	name string
-	lock lockFlags
+	name    string
+	lock    lockFlags
+	session sessionFlags
 }
 
 // runAcquire acquires the lock once, with nothing to renew it: the grant
@@ -176,7 +266,13 @@ func runAcquire(x *call[acquireLine]) (client.Grant, error) {
 	} else if err := x.waitReady(ctx, x.cc); err != nil {
 		return client.Grant{}, err
 	}
-	g, err := x.c.AcquireGrant(ctx, x.f.name, x.f.lock.options()...)
+	var g client.Grant
+	var err error
+	if x.f.session.wanted() {
+		g, err = x.c.ResumeSession(x.f.session.handle).Acquire(ctx, x.f.name, x.f.lock.options()...)
+	} else {
+		g, err = x.c.AcquireGrant(ctx, x.f.name, x.f.lock.options()...)
+	}
 	if held := (*client.HeldError)(nil); errors.As(err, &held) {
 		err = held.Unwrap() // the server's ABORTED, as acquire has always shown it
 	}

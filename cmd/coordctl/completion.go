@@ -22,7 +22,7 @@ _coordctl() {
     COMPREPLY=()
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
     local conn="--addr --tls --tls-ca --tls-cert --tls-key --tls-server-name --token-file --timeout -o"
-    local cmds="acquire release keepalive validate describe list watch force-release exec version completion help"
+    local cmds="acquire release keepalive validate describe list watch force-release session marks exec version completion help"
     local cmd="" i
     for ((i = 1; i < COMP_CWORD; i++)); do
         if [[ "${COMP_WORDS[i]}" == "--" ]]; then
@@ -34,7 +34,7 @@ _coordctl() {
     done
     case "$prev" in
         -o) COMPREPLY=($(compgen -W "table json" -- "$cur")); return ;;
-        --tls-ca|--tls-cert|--tls-key|--token-file|-tls-ca|-tls-cert|-tls-key|-token-file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
+        --tls-ca|--tls-cert|--tls-key|--token-file|--handle-file|--session-file|-tls-ca|-tls-cert|-tls-key|-token-file|-handle-file|-session-file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         --addr|--timeout|--ttl|--wait|--owner|--lock-delay|--max-hold|--grace|--resource|--count|--start-revision|--tls-server-name) return ;;
     esac
     if [[ -z "$cmd" ]]; then
@@ -43,11 +43,22 @@ _coordctl() {
     fi
     local flags="$conn"
     case "$cmd" in
-        acquire) flags="$flags --ttl --wait --owner --lock-delay --max-hold" ;;
+        acquire) flags="$flags --ttl --wait --owner --lock-delay --max-hold --session --session-file" ;;
+        release|keepalive) flags="$flags --handle-file" ;;
+        session|marks)
+            # the group's commands, then their flags (no names: a session or a mark is not a lock)
+            local sub="${COMP_WORDS[i+1]}"
+            if ((COMP_CWORD == i + 1)); then
+                if [[ "$cmd" == session ]]; then COMPREPLY=($(compgen -W "open keepalive close" -- "$cur")); else COMPREPLY=($(compgen -W "list get delete rebind" -- "$cur")); fi
+                return
+            fi
+            case "$sub" in open) flags="$flags --ttl --owner" ;; keepalive|close) flags="$flags --session-file" ;; esac
+            if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$flags" -- "$cur")); fi
+            return ;;
         exec) flags="$flags --ttl --wait --owner --lock-delay --max-hold --grace --" ;;
         validate) flags="$flags --resource" ;;
         watch) flags="$flags --count --start-revision" ;;
-        completion) COMPREPLY=($(compgen -W "bash" -- "$cur")); return ;;
+        completion) COMPREPLY=($(compgen -W "bash zsh fish" -- "$cur")); return ;;
         help) COMPREPLY=($(compgen -W "$cmds" -- "$cur")); return ;;
     esac
     if [[ "$cur" == -* ]]; then
@@ -79,15 +90,22 @@ _coordctl() {
 complete -o default -F _coordctl coordctl
 `
 
+// completionScripts are the scripts of "coordctl completion SHELL".
+var completionScripts = map[string]string{"bash": bashCompletion, "zsh": zshCompletion, "fish": fishCompletion}
+
 func cmdCompletion(e *env, args []string) int {
-	if len(args) != 1 || args[0] != "bash" {
-		fmt.Fprintln(e.stderr, "Usage: coordctl completion bash\n\nPrints a bash completion script; load it with: source <(coordctl completion bash)")
+	script, ok := "", len(args) == 1
+	if ok {
+		script, ok = completionScripts[args[0]]
+	}
+	if !ok {
+		fmt.Fprintln(e.stderr, "Usage: coordctl completion bash|zsh|fish\n\nPrints a completion script; load it with:\n  bash: source <(coordctl completion bash)\n  zsh:  source <(coordctl completion zsh)   (after compinit)\n  fish: coordctl completion fish | source")
 		if len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
 			return exitOK
 		}
 		return exitUsage
 	}
-	if _, err := io.WriteString(e.stdout, bashCompletion); err != nil {
+	if _, err := io.WriteString(e.stdout, script); err != nil {
 		fmt.Fprintln(e.stderr, "coordctl completion:", err)
 		return exitError
 	}

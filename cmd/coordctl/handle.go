@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -27,41 +26,55 @@ $COORDCTL_HANDLE, as a flag wins over its variable.
 // a file (or a pipe) of another kind must not be read whole.
 const maxHandleFile = 4096
 
-// handleSource is where release and keepalive take the handle from.
+// handleSource is where release and keepalive take the handle from (and
+// the session commands the session's: sessionSource).
 type handleSource struct {
 	file  string // --handle-file: a path, or "-" for standard input
 	stdin io.Reader
+	// flag, env and what name the flag, the variable and the secret in
+	// messages ("": handle-file, COORDCTL_HANDLE, HANDLE).
+	flag, env, what string
+}
+
+func (h *handleSource) names() (flagName, envName, what string) {
+	if h.flag == "" {
+		return "handle-file", "COORDCTL_HANDLE", "HANDLE"
+	}
+	return h.flag, h.env, h.what
 }
 
 func (h *handleSource) register(fs *flag.FlagSet) {
-	fs.StringVar(&h.file, "handle-file", "", "read HANDLE from this file (- : standard input) instead of an argument, which ps shows to every local user")
+	f, _, what := h.names()
+	fs.StringVar(&h.file, f, "", "read "+what+" from this file (- : standard input) instead of an argument, which ps shows to every local user")
 }
 
 // resolve returns the handle: from --handle-file, else the HANDLE argument
 // (arg, when hasArg), else $COORDCTL_HANDLE. Both explicit sources at once,
 // none at all, or an empty or unreadable file are usage errors.
 func (h *handleSource) resolve(arg string, hasArg bool) (string, error) {
+	f, env, what := h.names()
 	switch {
 	case h.file != "" && hasArg:
-		return "", errors.New("HANDLE given twice, as an argument and with --handle-file: give one (prefer --handle-file or $COORDCTL_HANDLE: an argument shows in ps)")
+		return "", fmt.Errorf("%s given twice, as an argument and with --%s: give one (prefer --%s or $%s: an argument shows in ps)", what, f, f, env)
 	case h.file != "":
 		return h.read()
 	case hasArg:
 		return arg, nil
 	}
-	if v := strings.TrimSpace(os.Getenv("COORDCTL_HANDLE")); v != "" {
+	if v := strings.TrimSpace(os.Getenv(env)); v != "" {
 		return v, nil
 	}
-	return "", errors.New("no HANDLE: set $COORDCTL_HANDLE or pass --handle-file FILE (- : standard input)")
+	return "", fmt.Errorf("no %s: set $%s or pass --%s FILE (- : standard input)", what, env, f)
 }
 
 // read reads --handle-file.
 func (h *handleSource) read() (string, error) {
 	r, name := h.stdin, "standard input"
+	flagName, _, _ := h.names()
 	if h.file != "-" {
 		f, err := os.Open(h.file)
 		if err != nil {
-			return "", fmt.Errorf("--handle-file: %w", err)
+			return "", fmt.Errorf("--%s: %w", flagName, err)
 		}
 		defer f.Close()
 		r, name = f, h.file
@@ -69,13 +82,13 @@ func (h *handleSource) read() (string, error) {
 	b, err := io.ReadAll(io.LimitReader(r, maxHandleFile+1))
 	switch {
 	case err != nil:
-		return "", fmt.Errorf("--handle-file %s: %w", name, err)
+		return "", fmt.Errorf("--%s %s: %w", flagName, name, err)
 	case len(b) > maxHandleFile:
-		return "", fmt.Errorf("--handle-file %s: more than %d bytes: not a handle", name, maxHandleFile)
+		return "", fmt.Errorf("--%s %s: more than %d bytes: not a handle", flagName, name, maxHandleFile)
 	}
 	v := strings.TrimSpace(string(b))
 	if v == "" {
-		return "", fmt.Errorf("--handle-file %s is empty", name)
+		return "", fmt.Errorf("--%s %s is empty", flagName, name)
 	}
 	return v, nil
 }

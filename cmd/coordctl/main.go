@@ -67,17 +67,30 @@ Commands:
   list [PREFIX]                  held locks whose names start with PREFIX
   watch NAME [--count N]         stream a lock's changes until Ctrl-C (or N events)
   force-release NAME TOKEN       end the grant TOKEN of NAME (admins only)
+  session open [--ttl D] [--owner S]
+                                 open a session, one lease for many locks; print its secret
+                                 handle (once: keep it in $COORDCTL_SESSION or a file)
+  session keepalive              renew the session of $COORDCTL_SESSION or --session-file FILE
+                                 (and every lock held through it); list those locks
+  session close                  end the session; release every lock held through it
+                                 (acquire NAME --session acquires through the session)
+  marks list [PREFIX]            resources' high-water marks (the greatest token validated)
+  marks get RESOURCE             one resource's mark and the lock that owns it
+  marks delete RESOURCE          delete a resource's mark (admins only)
+  marks rebind RESOURCE LOCK     give a resource's mark to another lock (admins only)
   exec NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--grace D] -- COMMAND [ARGS...]
                                  run COMMAND while holding NAME (renewed in the background);
                                  release it when COMMAND exits; terminate COMMAND if it is lost
   version                        coordctl's version: release, VCS revision, Go toolchain
-  completion bash                print a bash completion script
+  completion bash|zsh|fish       print a completion script for the shell
   help [COMMAND]                 this text, or a command's flags
 
 Every flag may come before or after the command's arguments ("--flag" and "-flag" are the same).
 ` + connectionHelp + `
 Output: tables by default; -o json ($COORDCTL_OUTPUT=json) prints one JSON object (watch: one
-per line) for scripts. Errors go to stderr.
+per line) for scripts, in protojson's encoding, as grpcurl prints the API's answers:
+lowerCamelCase names, int64 values (tokens, revisions) as strings, durations as "30s",
+times in RFC 3339 (UTC); zero values are printed too. Errors go to stderr.
 
 exec runs COMMAND in its own process group with, in its environment:
   COORDINATOR_LOCK        the lock name
@@ -99,6 +112,8 @@ Examples:
   coordctl validate reports/nightly 2 --resource s3/reports
   coordctl list reports/
   coordctl watch reports/nightly
+  SESSION=$(coordctl -o json session open --ttl 30s | jq -r .handle)
+  coordctl marks list s3/
   coordctl exec reports/nightly --ttl 10s -- ./make-report.sh
   coordctl exec jobs/backup --wait 0s -- sh -c 'backup --fence-token "$COORDINATOR_TOKEN"'
   COORDCTL_ADDR=coord.example:7070 COORDCTL_TLS_CA=ca.pem coordctl describe jobs/backup
@@ -119,21 +134,22 @@ type env struct {
 	stdout io.Writer
 	stderr io.Writer
 	name   string // the command's name, for messages
+	// help prints the full help (-help); shortUsage, after a typo, the
+	// synopsis and where the help is.
+	help, shortUsage func()
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
 	e := &env{conn: newConnFlags(stderr), output: envOr("OUTPUT", "table"), stdin: os.Stdin, stdout: stdout, stderr: stderr, name: "coordctl"}
 	fs := e.flagSet("coordctl")
-	fs.Usage = func() { fmt.Fprint(stderr, usageText) }
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
+	e.setUsage(fs, "", "", "") // the short usage after a bad flag; -help prints usageText
+	e.help = func() { fmt.Fprint(stderr, usageText) }
+	if code := e.parseFlags(fs, args); code >= 0 {
+		return code
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
-		fmt.Fprint(stderr, usageText)
+		e.shortUsage()
 		return exitUsage
 	}
 	cmd, rest := rest[0], rest[1:]
@@ -143,18 +159,45 @@ func run(args []string, stdout, stderr io.Writer) int {
 			e.name = "coordctl " + c.name
 			return c.spec.main(e, []string{"-help"})
 		}
+		if len(rest) == 1 && isGroup(rest[0]) {
+			groupUsage(stdout, rest[0])
+			return exitOK
+		}
 		fmt.Fprint(stdout, usageText)
 		return exitOK
 	case "completion":
 		return cmdCompletion(e, rest)
 	}
+	if isGroup(cmd) {
+		if len(rest) == 0 || lookup([]string{cmd, rest[0]}) == nil {
+			if len(rest) > 0 {
+				fmt.Fprintf(stderr, "coordctl %s: unknown command %q\n", cmd, rest[0])
+			}
+			groupUsage(stderr, cmd)
+			return exitUsage
+		}
+		cmd, rest = cmd+" "+rest[0], rest[1:]
+	}
 	c := lookup([]string{cmd})
 	if c == nil {
-		fmt.Fprintf(stderr, "coordctl: unknown command %q; run 'coordctl help'\n", cmd)
+		fmt.Fprintf(stderr, "coordctl: unknown command %q\n", cmd)
+		e.shortUsage()
 		return exitUsage
 	}
 	e.name = "coordctl " + cmd
 	return c.spec.main(e, rest)
+}
+
+// groupUsage lists the commands of a group (session, marks), the short
+// usage of "coordctl session" alone or with a typo.
+func groupUsage(w io.Writer, group string) {
+	fmt.Fprintln(w, "Usage:")
+	for _, c := range commands {
+		if strings.HasPrefix(c.name, group+" ") {
+			fmt.Fprintf(w, "  coordctl %s %s\n", c.name, c.spec.synopsisText())
+		}
+	}
+	fmt.Fprintf(w, "run 'coordctl help %s CMD' for a command's flags and examples\n", group)
 }
 
 // flagSet returns a FlagSet with the connection and output flags; every
@@ -167,10 +210,20 @@ func (e *env) flagSet(name string) *flag.FlagSet {
 	return fs
 }
 
-// setUsage makes fs print the command's synopsis, flags, extra help,
-// examples and exit codes.
+// setUsage makes -help print the command's synopsis, flags, extra help,
+// examples and exit codes, and a typo (a bad flag, a wrong number of
+// arguments) its synopsis and where the help is: a mistake's message stays
+// in view.
 func (e *env) setUsage(fs *flag.FlagSet, synopsis, extraHelp, examples string) {
-	fs.Usage = func() {
+	fs.Usage = func() {} // parseFlags prints the one that applies
+	e.shortUsage = func() {
+		if e.name == "coordctl" {
+			fmt.Fprint(e.stderr, "Usage: coordctl [connection flags] COMMAND [flags] [arguments]\nrun 'coordctl help' for the commands and flags\n")
+			return
+		}
+		fmt.Fprintf(e.stderr, "Usage: %s %s\nrun 'coordctl help %s' for its flags and examples\n", e.name, synopsis, strings.TrimPrefix(e.name, "coordctl "))
+	}
+	e.help = func() {
 		fmt.Fprintf(e.stderr, "Usage: %s %s\n\nFlags:\n", e.name, synopsis)
 		fs.PrintDefaults()
 		if extraHelp != "" {
@@ -208,8 +261,10 @@ func (e *env) parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int, synop
 func (e *env) parseFlags(fs *flag.FlagSet, args []string) int {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			e.help()
 			return exitOK
 		}
+		e.shortUsage() // after the flag package's message
 		return exitUsage
 	}
 	return -1
@@ -223,7 +278,8 @@ func (e *env) checkArgs(pos []string, minArgs, maxArgs int, synopsis string) int
 		return exitUsage
 	}
 	if len(pos) < minArgs || (maxArgs >= 0 && len(pos) > maxArgs) {
-		fmt.Fprintf(e.stderr, "%s: wrong number of arguments\nUsage: %s %s\n", e.name, e.name, synopsis)
+		fmt.Fprintf(e.stderr, "%s: wrong number of arguments\n", e.name)
+		e.shortUsage()
 		return exitUsage
 	}
 	return -1

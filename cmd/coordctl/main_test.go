@@ -155,12 +155,12 @@ type grant struct {
 func acquire(t *testing.T, name string, args ...string) grant {
 	t.Helper()
 	m := decode(t, must(t, 0, append([]string{"-o", "json", "acquire", name}, args...)...))
-	tok, _ := m["token"].(float64)
+	tok, _ := m["token"].(string) // protojson: an int64 is a string
 	h, _ := m["handle"].(string)
-	if tok <= 0 || h == "" {
+	if n, err := strconv.ParseInt(tok, 10, 64); err != nil || n <= 0 || h == "" {
 		t.Fatalf("acquire %s: token %v, handle %q", name, m["token"], h)
 	}
-	return grant{strconv.FormatInt(int64(tok), 10), h}
+	return grant{tok, h}
 }
 
 func TestAcquireKeepAliveValidateRelease(t *testing.T) {
@@ -190,7 +190,7 @@ func TestAcquireKeepAliveValidateRelease(t *testing.T) {
 	if row[1] != a.token || row[2] != "30s" {
 		t.Fatalf("keepalive row %q", row)
 	}
-	if m := decode(t, must(t, 0, "keepalive", "cli/a", a.token, a.handle, "-o", "json")); m["ttl"] != "30s" || m["safe_until"] == nil {
+	if m := decode(t, must(t, 0, "keepalive", "cli/a", a.token, a.handle, "-o", "json")); m["ttl"] != "30s" || m["safeUntil"] == nil {
 		t.Fatalf("keepalive JSON %v", m)
 	}
 	b := acquire(t, "cli/b")
@@ -201,7 +201,7 @@ func TestAcquireKeepAliveValidateRelease(t *testing.T) {
 	if row[2] != "true" || row[3] != "current" || row[4] != a.token {
 		t.Fatalf("validate row %q", row)
 	}
-	if m := decode(t, must(t, 0, "-o", "json", "validate", "cli/a", a.token, "--resource", "res/1")); m["valid"] != true || m["reason"] != "current" {
+	if m := decode(t, must(t, 0, "-o", "json", "validate", "cli/a", a.token, "--resource", "res/1")); m["valid"] != true || m["reason"] != "REASON_CURRENT" {
 		t.Fatalf("validate JSON %v", m)
 	}
 
@@ -212,7 +212,7 @@ func TestAcquireKeepAliveValidateRelease(t *testing.T) {
 		t.Fatalf("describe:\n%s", r.stdout)
 	}
 	m := decode(t, must(t, 0, "describe", "cli/a", "-o", "json"))
-	if h, _ := m["holder"].(map[string]any); m["held"] != true || h["owner"] != "alice" || fmt.Sprint(h["token"]) != a.token {
+	if h, _ := m["holder"].(map[string]any); m["held"] != true || h["owner"] != "alice" || h["token"] != a.token {
 		t.Fatalf("describe JSON %v", m)
 	}
 	r = must(t, 0, "list", "cli/")
@@ -239,12 +239,12 @@ func TestAcquireKeepAliveValidateRelease(t *testing.T) {
 
 	// The old token is no longer valid (4); a newer holder's token fences it
 	// on the resource for good.
-	if m := decode(t, must(t, exitNotValid, "-o", "json", "validate", "cli/a", a.token)); m["valid"] != false || m["reason"] != "not_held" {
+	if m := decode(t, must(t, exitNotValid, "-o", "json", "validate", "cli/a", a.token)); m["valid"] != false || m["reason"] != "REASON_NOT_HELD" {
 		t.Fatalf("validate after release: %v", m)
 	}
 	c := acquire(t, "cli/a")
 	must(t, 0, "validate", "cli/a", c.token, "--resource", "res/1")
-	if m := decode(t, must(t, exitNotValid, "-o", "json", "validate", "cli/a", a.token, "--resource", "res/1")); m["reason"] != "superseded" && m["reason"] != "fenced" {
+	if m := decode(t, must(t, exitNotValid, "-o", "json", "validate", "cli/a", a.token, "--resource", "res/1")); m["reason"] != "REASON_SUPERSEDED" && m["reason"] != "REASON_FENCED" {
 		t.Fatalf("validate of a superseded token: %v", m)
 	}
 	must(t, 0, "release", "cli/a", c.token, c.handle)
@@ -336,7 +336,7 @@ COMP_WORDS=(coordctl exec --gr); COMP_CWORD=2; _coordctl; echo "${COMPREPLY[@]}"
 			t.Fatalf("bash completion: %v\n%s", err, out)
 		}
 	}
-	must(t, exitUsage, "completion", "zsh")
+	must(t, exitUsage, "completion", "tcsh") // zsh and fish have scripts now
 }
 
 func TestEnvironmentSettings(t *testing.T) {
@@ -347,7 +347,7 @@ func TestEnvironmentSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !json.Valid(out) || !strings.Contains(string(out), `"token":`+a.token) {
+	if !json.Valid(out) || !strings.Contains(string(out), `"token":"`+a.token+`"`) {
 		t.Fatalf("COORDCTL_OUTPUT=json: %s", out)
 	}
 	// A flag wins over the environment.
@@ -396,7 +396,7 @@ func TestWatch(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the current state", func() bool { return strings.Contains(out.String(), `"event":"current"`) })
+	waitFor(t, "the current state", func() bool { return strings.Contains(out.String(), `"kind":"KIND_CURRENT"`) })
 	a := acquire(t, "cli/watch", "--owner", "w1")
 	must(t, 0, "release", "cli/watch", a.token, a.handle)
 	b := acquire(t, "cli/watch", "--owner", "w2")
@@ -407,22 +407,22 @@ func TestWatch(t *testing.T) {
 	var got []string
 	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
 		var ev struct {
-			Event  string
+			Kind   string
 			Holder *struct {
-				Token int64
+				Token string
 				Owner string
 			}
 		}
 		if err := json.Unmarshal([]byte(l), &ev); err != nil {
 			t.Fatalf("line %q: %v", l, err)
 		}
-		s := ev.Event
+		s := ev.Kind
 		if ev.Holder != nil {
-			s += fmt.Sprintf(" %d", ev.Holder.Token)
+			s += " " + ev.Holder.Token
 		}
 		got = append(got, s)
 	}
-	want := []string{"current", "acquired " + a.token, "released " + a.token, "acquired " + b.token, "force-released " + b.token}
+	want := []string{"KIND_CURRENT", "KIND_ACQUIRED " + a.token, "KIND_RELEASED " + a.token, "KIND_ACQUIRED " + b.token, "KIND_FORCE_RELEASED " + b.token}
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("watch events %q, want %q", got, want)
 	}

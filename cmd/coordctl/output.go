@@ -16,21 +16,60 @@ import (
 // timeLayout is how tables show times (UTC, milliseconds).
 const timeLayout = "2006-01-02T15:04:05.000Z07:00"
 
-// ts is a time for JSON output, in UTC; nil when unset (zero).
-func ts(t time.Time) *time.Time {
+// JSON output is protojson's (what grpcurl prints): lowerCamelCase field
+// names, int64 as a decimal string, a duration as seconds with an "s"
+// ("30s", "1.500s"), a timestamp as RFC 3339 in UTC with 0, 3, 6 or 9
+// fractional digits, an enum as its proto name (REASON_NOT_HELD). Unlike
+// grpcurl's default, zero values are printed too (protojson's
+// EmitUnpopulated), so a script sees "released":false; an unset time is
+// null. TestJSONIsProtoJSON holds the output to protojson itself.
+
+// ts is a time for JSON output; nil when unset (zero).
+func ts(t time.Time) *string {
 	if t.IsZero() {
 		return nil
 	}
-	v := t.UTC()
-	return &v
+	t = t.UTC()
+	s := t.Format("2006-01-02T15:04:05")
+	if ns := t.Nanosecond(); ns != 0 {
+		s += fraction(ns)
+	}
+	s += "Z"
+	return &s
+}
+
+// i64 is an int64 for JSON output, as protojson writes it: a string.
+func i64(n int64) string { return strconv.FormatInt(n, 10) }
+
+// dur is a duration for JSON output, as protojson writes it.
+func dur(d time.Duration) string {
+	sign := ""
+	if d < 0 {
+		sign, d = "-", -d
+	}
+	s := sign + strconv.FormatInt(int64(d/time.Second), 10)
+	if ns := int(d % time.Second); ns != 0 {
+		s += fraction(ns)
+	}
+	return s + "s"
+}
+
+// fraction is ns as protojson writes fractional seconds: a dot and 3, 6
+// or 9 digits.
+func fraction(ns int) string {
+	f := fmt.Sprintf(".%09d", ns)
+	for strings.HasSuffix(f, "000") {
+		f = f[:len(f)-3]
+	}
+	return f
 }
 
 // cell shows a time in a table ("-" when unset).
-func cell(t *time.Time) string {
-	if t == nil {
+func cell(t time.Time) string {
+	if t.IsZero() {
 		return "-"
 	}
-	return t.Format(timeLayout)
+	return t.UTC().Format(timeLayout)
 }
 
 func dash(s string) string {
@@ -40,7 +79,8 @@ func dash(s string) string {
 	return s
 }
 
-// enumName turns REASON_NOT_HELD into not_held (prefix "REASON_").
+// enumName turns REASON_NOT_HELD into not_held (prefix "REASON_"), as
+// tables show an enum.
 func enumName(s, prefix string) string {
 	return strings.ToLower(strings.TrimPrefix(s, prefix))
 }
@@ -91,16 +131,24 @@ func field(s string) string {
 
 // holder is a lock holder in JSON output.
 type holder struct {
-	Name       string     `json:"name"`
-	Token      int64      `json:"token"`
-	Owner      string     `json:"owner"`
-	AcquiredAt *time.Time `json:"acquired_at,omitempty"`
-	ExpiresAt  *time.Time `json:"expires_at,omitempty"`
+	Name       string  `json:"name"`
+	Token      string  `json:"token"`
+	Owner      string  `json:"owner"`
+	AcquiredAt *string `json:"acquiredAt"`
+	ExpiresAt  *string `json:"expiresAt"`
 }
 
 func toHolder(h *client.Holder) *holder {
 	if h == nil {
 		return nil
 	}
-	return &holder{Name: h.Name, Token: h.Token, Owner: h.Owner, AcquiredAt: ts(h.AcquiredAt), ExpiresAt: ts(h.ExpiresAt)}
+	return &holder{Name: h.Name, Token: i64(h.Token), Owner: h.Owner, AcquiredAt: ts(h.AcquiredAt), ExpiresAt: ts(h.ExpiresAt)}
+}
+
+func toHolders(hs []client.Holder) []*holder {
+	out := make([]*holder, 0, len(hs))
+	for i := range hs {
+		out = append(out, toHolder(&hs[i]))
+	}
+	return out
 }

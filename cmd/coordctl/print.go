@@ -3,49 +3,54 @@ package main
 import (
 	"fmt"
 	"strconv"
-	"time"
+	"strings"
 
 	"github.com/coordinatord/coordinatord/client"
 	"github.com/coordinatord/coordinatord/internal/version"
 )
 
 // How each command shows its answer: a table, or with -o json one JSON
-// object. The JSON field names are part of coordctl's interface.
+// object in protojson's encoding (output.go): the field names of the API's
+// response messages, plus the name the command was given. The JSON field
+// names are part of coordctl's interface.
 
-// grant is an acquired (or renewed) grant in JSON output.
+// grant is an acquired (or renewed) grant in JSON output, an
+// AcquireResponse (KeepAliveResponse) with its lock's name.
 type grant struct {
-	Name       string     `json:"name"`
-	Token      int64      `json:"token"`
-	Handle     string     `json:"handle,omitempty"`
-	LeaseID    int64      `json:"lease_id,omitempty"`
-	TTL        string     `json:"ttl"`
-	ExpiresAt  *time.Time `json:"expires_at"`
-	SafeUntil  *time.Time `json:"safe_until"`
-	AcquiredAt *time.Time `json:"acquired_at,omitempty"`
+	Name       string  `json:"name"`
+	Token      string  `json:"token"`
+	Handle     string  `json:"handle,omitempty"`
+	LeaseID    string  `json:"leaseId,omitempty"`
+	TTL        string  `json:"ttl"`
+	ExpiresAt  *string `json:"expiresAt"`
+	SafeUntil  *string `json:"safeUntil"`
+	AcquiredAt *string `json:"acquiredAt,omitempty"`
 }
 
 func printGrant(x *call[acquireLine], r client.Grant) int {
-	g := grant{
-		Name: x.f.name, Token: r.Token, Handle: r.Handle, LeaseID: r.LeaseID,
-		TTL: r.TTL.String(), ExpiresAt: ts(r.ExpiresAt), SafeUntil: ts(r.SafeUntil), AcquiredAt: ts(r.AcquiredAt),
+	handle := r.Handle
+	if x.f.session.wanted() {
+		handle = "" // the session's secret: the caller has it already
 	}
 	if x.output == "json" {
-		x.printJSON(g)
+		x.printJSON(grant{
+			Name: x.f.name, Token: i64(r.Token), Handle: handle, LeaseID: i64(r.LeaseID),
+			TTL: dur(r.TTL), ExpiresAt: ts(r.ExpiresAt), SafeUntil: ts(r.SafeUntil), AcquiredAt: ts(r.AcquiredAt),
+		})
 	} else {
 		x.table([]string{"NAME", "TOKEN", "HANDLE", "TTL", "EXPIRES_AT", "SAFE_UNTIL"},
-			[]string{g.Name, strconv.FormatInt(g.Token, 10), g.Handle, g.TTL, cell(g.ExpiresAt), cell(g.SafeUntil)})
+			[]string{x.f.name, i64(r.Token), dash(handle), r.TTL.String(), cell(r.ExpiresAt), cell(r.SafeUntil)})
 	}
 	return exitOK
 }
 
 func printRenewal(x *call[grantLine], r client.Renewal) int {
 	ref := x.f.ref
-	g := grant{Name: ref.Name, Token: ref.Token, TTL: r.TTL.String(), ExpiresAt: ts(r.ExpiresAt), SafeUntil: ts(r.SafeUntil)}
 	if x.output == "json" {
-		x.printJSON(g)
+		x.printJSON(grant{Name: ref.Name, Token: i64(ref.Token), TTL: dur(r.TTL), ExpiresAt: ts(r.ExpiresAt), SafeUntil: ts(r.SafeUntil)})
 	} else {
 		x.table([]string{"NAME", "TOKEN", "TTL", "EXPIRES_AT", "SAFE_UNTIL"},
-			[]string{g.Name, strconv.FormatInt(ref.Token, 10), g.TTL, cell(g.ExpiresAt), cell(g.SafeUntil)})
+			[]string{ref.Name, i64(ref.Token), r.TTL.String(), cell(r.ExpiresAt), cell(r.SafeUntil)})
 	}
 	return exitOK
 }
@@ -55,11 +60,11 @@ func (e *env) printReleased(name string, token int64, released bool) int {
 	if e.output == "json" {
 		e.printJSON(struct {
 			Name     string `json:"name"`
-			Token    int64  `json:"token"`
+			Token    string `json:"token"`
 			Released bool   `json:"released"`
-		}{name, token, released})
+		}{name, i64(token), released})
 	} else {
-		e.table([]string{"NAME", "TOKEN", "RELEASED"}, []string{name, strconv.FormatInt(token, 10), strconv.FormatBool(released)})
+		e.table([]string{"NAME", "TOKEN", "RELEASED"}, []string{name, i64(token), strconv.FormatBool(released)})
 	}
 	if !released {
 		return exitNotValid
@@ -68,19 +73,18 @@ func (e *env) printReleased(name string, token int64, released bool) int {
 }
 
 func printVerdict(x *call[validateLine], v client.Verdict) int {
-	reason := enumName(v.Reason.String(), "REASON_")
 	if x.output == "json" {
 		x.printJSON(struct {
 			Name         string `json:"name"`
-			Token        int64  `json:"token"`
+			Token        string `json:"token"`
 			Resource     string `json:"resource,omitempty"`
 			Valid        bool   `json:"valid"`
 			Reason       string `json:"reason"`
-			CurrentToken int64  `json:"current_token"`
-		}{x.f.name, x.f.token, x.f.resource, v.Valid, reason, v.CurrentToken})
+			CurrentToken string `json:"currentToken"`
+		}{x.f.name, i64(x.f.token), x.f.resource, v.Valid, v.Reason.String(), i64(v.CurrentToken)})
 	} else {
 		x.table([]string{"NAME", "TOKEN", "VALID", "REASON", "CURRENT_TOKEN"},
-			[]string{x.f.name, x.f.tokenArg, strconv.FormatBool(v.Valid), reason, strconv.FormatInt(v.CurrentToken, 10)})
+			[]string{x.f.name, x.f.tokenArg, strconv.FormatBool(v.Valid), enumName(v.Reason.String(), "REASON_"), i64(v.CurrentToken)})
 	}
 	if !v.Valid {
 		return exitNotValid
@@ -90,31 +94,30 @@ func printVerdict(x *call[validateLine], v client.Verdict) int {
 
 func printDescription(x *call[string], d client.Description) int {
 	name := *x.f
-	type waiter struct {
-		Owner        string     `json:"owner"`
-		WaitingSince *time.Time `json:"waiting_since"`
-	}
-	out := struct {
-		Name    string   `json:"name"`
-		Held    bool     `json:"held"`
-		Holder  *holder  `json:"holder"`
-		Waiters []waiter `json:"waiters"`
-	}{Name: name, Holder: toHolder(d.Holder), Waiters: []waiter{}}
-	out.Held = out.Holder != nil
-	for _, w := range d.Waiters {
-		out.Waiters = append(out.Waiters, waiter{Owner: w.Owner, WaitingSince: ts(w.WaitingSince)})
-	}
 	if x.output == "json" {
+		type waiter struct {
+			Owner        string  `json:"owner"`
+			WaitingSince *string `json:"waitingSince"`
+		}
+		out := struct {
+			Name    string   `json:"name"`
+			Held    bool     `json:"held"`
+			Holder  *holder  `json:"holder"`
+			Waiters []waiter `json:"waiters"`
+		}{Name: name, Held: d.Holder != nil, Holder: toHolder(d.Holder), Waiters: []waiter{}}
+		for _, w := range d.Waiters {
+			out.Waiters = append(out.Waiters, waiter{Owner: w.Owner, WaitingSince: ts(w.WaitingSince)})
+		}
 		x.printJSON(out)
 		return exitOK
 	}
 	rows := [][]string{{"NAME", "STATE", "TOKEN", "OWNER", "SINCE", "EXPIRES_AT"}}
-	if h := out.Holder; h != nil {
-		rows = append(rows, []string{h.Name, "held", strconv.FormatInt(h.Token, 10), dash(h.Owner), cell(h.AcquiredAt), cell(h.ExpiresAt)})
+	if h := d.Holder; h != nil {
+		rows = append(rows, []string{h.Name, "held", i64(h.Token), dash(h.Owner), cell(h.AcquiredAt), cell(h.ExpiresAt)})
 	} else {
 		rows = append(rows, []string{name, "free", "-", "-", "-", "-"})
 	}
-	for i, w := range out.Waiters {
+	for i, w := range d.Waiters {
 		rows = append(rows, []string{name, fmt.Sprintf("waiting #%d", i+1), "-", dash(w.Owner), cell(w.WaitingSince), "-"})
 	}
 	x.table(rows...)
@@ -122,50 +125,59 @@ func printDescription(x *call[string], d client.Description) int {
 }
 
 func printHolders(x *call[string], hs []client.Holder) int {
-	holders := make([]*holder, 0, len(hs))
-	for i := range hs {
-		holders = append(holders, toHolder(&hs[i]))
-	}
 	if x.output == "json" {
 		x.printJSON(struct {
 			Holders []*holder `json:"holders"`
-		}{holders})
+		}{toHolders(hs)})
 		return exitOK
 	}
-	rows := [][]string{{"NAME", "TOKEN", "OWNER", "ACQUIRED_AT"}}
-	for _, h := range holders {
-		rows = append(rows, []string{h.Name, strconv.FormatInt(h.Token, 10), dash(h.Owner), cell(h.AcquiredAt)})
-	}
-	x.table(rows...)
+	x.holderTable(hs)
 	return exitOK
 }
 
-// printEvent prints one event of watch: a JSON line, or a table row under
-// the header printWatch wrote.
+// holderTable shows holders as list does.
+func (e *env) holderTable(hs []client.Holder) {
+	rows := [][]string{{"NAME", "TOKEN", "OWNER", "ACQUIRED_AT"}}
+	for _, h := range hs {
+		rows = append(rows, []string{h.Name, i64(h.Token), dash(h.Owner), cell(h.AcquiredAt)})
+	}
+	e.table(rows...)
+}
+
+// kindName is a watch event's kind as the API names it (KIND_ACQUIRED).
+func kindName(k client.EventKind) string {
+	s := k.String()
+	if _, err := strconv.Atoi(s); err == nil {
+		return s // a kind this coordctl does not know: protojson writes its number
+	}
+	return "KIND_" + strings.ToUpper(strings.ReplaceAll(s, "-", "_"))
+}
+
+// printEvent prints one event of watch: a JSON line (a WatchResponse with
+// the lock's name), or a table row under the header printWatch wrote.
 func (e *env) printEvent(name string, ev client.WatchEvent) {
-	kind := ev.Kind.String()
 	h := toHolder(ev.Holder)
 	if e.output == "json" {
 		e.printJSON(struct {
 			Name     string  `json:"name"`
-			Revision int64   `json:"revision"`
-			Event    string  `json:"event"`
+			Revision string  `json:"revision"`
+			Kind     string  `json:"kind"`
 			Holder   *holder `json:"holder"`
-		}{name, ev.Revision, kind, h})
+		}{name, i64(ev.Revision), kindName(ev.Kind), h})
 		return
 	}
 	token, owner := "-", "-"
 	if h != nil {
-		token, owner = strconv.FormatInt(h.Token, 10), dash(h.Owner)
+		token, owner = h.Token, dash(h.Owner)
 	}
-	fmt.Fprintf(e.stdout, "%-10d  %-15s  %-10s  %s\n", ev.Revision, field(kind), token, field(owner))
+	fmt.Fprintf(e.stdout, "%-10d  %-15s  %-10s  %s\n", ev.Revision, field(ev.Kind.String()), token, field(owner))
 }
 
 // build is one program's version in JSON output.
 type build struct {
 	Version   string `json:"version"`
 	Revision  string `json:"revision"`
-	GoVersion string `json:"go_version"`
+	GoVersion string `json:"goVersion"`
 }
 
 // printVersion shows coordctl's version ("client": the server's would sit

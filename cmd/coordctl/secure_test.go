@@ -102,10 +102,10 @@ func TestTLSAndBearerToken(t *testing.T) {
 func acquireWith(t *testing.T, args ...string) grant {
 	t.Helper()
 	m := decode(t, must(t, 0, append([]string{"-o", "json"}, args...)...))
-	tok, _ := m["token"].(float64)
+	tok, _ := m["token"].(string) // protojson: an int64 is a string
 	h, _ := m["handle"].(string)
-	if tok <= 0 || h == "" {
+	if n, err := strconv.ParseInt(tok, 10, 64); err != nil || n <= 0 || h == "" {
 		t.Fatalf("acquire: %v", m)
 	}
-	return grant{token: strconv.FormatInt(int64(tok), 10), handle: h}
+	return grant{token: tok, handle: h}
 }

@@ -22,10 +22,14 @@ func TestTableMatchesHelpAndCompletion(t *testing.T) {
 			if !strings.Contains(usageText, "\n  "+c.name+" ") {
 				t.Errorf("the help has no line for %s", c.name)
 			}
-			if !slices.Contains(strings.Fields(completedCommands(t)), c.name) {
-				t.Errorf("the completion script does not offer %s", c.name)
+			word, sub, grouped := strings.Cut(c.name, " ") // session open: session, then open
+			if !slices.Contains(strings.Fields(completedCommands(t)), word) {
+				t.Errorf("the completion script does not offer %s", word)
 			}
-			if lookup([]string{c.name}) != &commands[indexOf(c.name)] {
+			if grouped && !strings.Contains(bashCompletion, sub) {
+				t.Errorf("the completion script does not offer %s after %s", sub, word)
+			}
+			if lookup(strings.Fields(c.name)) != &commands[indexOf(c.name)] {
 				t.Errorf("lookup(%q) is not its entry", c.name)
 			}
 		})

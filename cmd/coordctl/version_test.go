@@ -27,8 +27,8 @@ func TestVersionCommand(t *testing.T) {
 	t.Run("json", func(t *testing.T) {
 		m := decode(t, must(t, 0, nobody, "-o", "json", "version"))
 		c, _ := m["client"].(map[string]any)
-		if len(m) != 1 || c["version"] != testVersion || c["go_version"] != runtime.Version() || c["revision"] == "" {
-			t.Errorf("version printed %v, want {client: {version: %s, revision, go_version: %s}}", m, testVersion, runtime.Version())
+		if len(m) != 1 || c["version"] != testVersion || c["goVersion"] != runtime.Version() || c["revision"] == "" {
+			t.Errorf("version printed %v, want {client: {version: %s, revision, goVersion: %s}}", m, testVersion, runtime.Version())
 		}
 	})
 	t.Run("no arguments", func(t *testing.T) {
