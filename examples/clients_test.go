@@ -100,7 +100,7 @@ func compileNode(nodeBin string) error {
 		cmd := exec.Command(nodeBin, filepath.Join("node_modules", "typescript", "bin", "tsc"), "-p", ".")
 		cmd.Dir = "node"
 		if out, err := cmd.CombinedOutput(); err != nil {
-			compileErr = fmt.Errorf("tsc -p examples/node: %v\n%s", err, out)
+			compileErr = fmt.Errorf("tsc -p examples/node: %w\n%s", err, out)
 		}
 		compileTook = time.Since(start)
 	})
