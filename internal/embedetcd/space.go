@@ -31,7 +31,8 @@ import (
 //   - defragments when at least half of a file of a quarter of the quota or
 //     more is free (to give the disk back; defragmentation stops reads and
 //     writes while it copies the live data, ~1 s per 100 MB), or when the
-//     store is full and the live data would fit under 3/4 of the quota;
+//     store is full and the live data would fit under 3/4 of the quota, or
+//     is full and was compacted since the last defragmentation;
 //   - disarms NOSPACE once the file is under 3/4 of the quota (the margin
 //     keeps it from filling again at once).
 //
@@ -47,6 +48,7 @@ type keeper struct {
 	done   chan struct{}
 
 	compacted int64 // the revision of our last compaction
+	defragged int64 // the value of compacted at our last defragmentation
 	stuck     bool  // full, and nothing left to reclaim (logged once)
 }
 
@@ -99,8 +101,18 @@ func (k *keeper) tend(ctx context.Context) {
 		k.compact(ctx, full)
 	}
 	size, inUse := be.Size(), be.SizeInUse()
-	if (size >= k.quota/4 && size-inUse >= size/2) || (full && inUse < k.quota/4*3) {
-		k.defrag(size, inUse)
+	// A full store is also defragmented once after each compaction, whatever
+	// its in-use size reads: that figure can lag the compaction for good,
+	// since bbolt turns the pages a compaction freed into free pages only
+	// when a later write transaction begins, and a full store commits none
+	// (seen in CI: compacted, in use still read 6.2 MB of a 4 MiB quota,
+	// never defragmented, never disarmed). Defragmenting measures the live
+	// data for real; revisions stand still while the store is full, so this
+	// runs once, not at every check.
+	if (size >= k.quota/4 && size-inUse >= size/2) || (full && (inUse < k.quota/4*3 || k.defragged < k.compacted)) {
+		if k.defrag(size, inUse) {
+			k.defragged = k.compacted
+		}
 	}
 	if !full {
 		return
@@ -146,15 +158,16 @@ func (k *keeper) compact(ctx context.Context, full bool) {
 	}
 }
 
-// defrag rewrites the file without its free pages.
-func (k *keeper) defrag(size, inUse int64) {
+// defrag rewrites the file without its free pages; it reports success.
+func (k *keeper) defrag(size, inUse int64) bool {
 	start := time.Now()
 	if err := k.srv.Defragment(); err != nil {
 		k.log.Error("embedded etcd: defragmentation failed", "err", err)
-		return
+		return false
 	}
 	k.log.Info("embedded etcd: defragmented", "file_bytes_before", size, "in_use_bytes", inUse,
 		"file_bytes_after", k.srv.Backend().Size(), "took", time.Since(start).String())
+	return true
 }
 
 // disarm lifts the NOSPACE alarm, which etcd never does by itself.

@@ -3,6 +3,7 @@ package embedetcd
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +19,7 @@ import (
 // again by itself, over and over under sustained load.
 func TestFullStoreRecoversByItself(t *testing.T) {
 	const quota = 4 << 20
-	s, err := Start(context.Background(), t.TempDir(), WithFastElection(),
+	s, err := Start(context.Background(), t.TempDir(), WithFastElection(), WithLogger(testLogger(t)),
 		WithAutoCompaction("revision", "0"), WithQuota(quota), WithSpaceCheck(500*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -61,4 +62,17 @@ func TestFullStoreRecoversByItself(t *testing.T) {
 	if n := s.etcd.Server.Backend().Size(); n >= quota {
 		t.Fatalf("file is %d bytes after recovery, quota %d", n, quota)
 	}
+}
+
+// testLogger logs the keeper's decisions (and etcd's warnings) into the
+// test's output, shown when it fails.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
 }
