@@ -288,8 +288,18 @@ type validateLine struct {
 // listHolders returns the held locks whose names start with prefix, every
 // page of them, each page bounded by --timeout.
 func listHolders[F any](x *call[F], prefix string) ([]client.Holder, error) {
-	p := x.c.Pages(prefix, client.WithPageSize(1000))
-	holders := []client.Holder{}
+	return allPages(x, x.c.Pages(prefix, client.WithPageSize(1000)))
+}
+
+// pager is what the SDK's pagers (Pager, MarkPager) have in common.
+type pager[T any] interface {
+	More() bool
+	Next(ctx context.Context) ([]T, error)
+}
+
+// allPages reads every page of p, each bounded by --timeout.
+func allPages[T, F any](x *call[F], p pager[T]) ([]T, error) {
+	all := []T{}
 	for p.More() {
 		ctx, cancel := x.bounded()
 		page, err := p.Next(ctx)
@@ -297,9 +307,9 @@ func listHolders[F any](x *call[F], prefix string) ([]client.Holder, error) {
 		if err != nil {
 			return nil, err
 		}
-		holders = append(holders, page...)
+		all = append(all, page...)
 	}
-	return holders, nil
+	return all, nil
 }
 
 // watchLine is the command line of watch.

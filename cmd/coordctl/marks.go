@@ -28,18 +28,7 @@ func (e *env) markTable(ms ...client.Mark) {
 // listMarks returns the marks of the resources whose names start with
 // prefix, every page of them, each page bounded by --timeout.
 func listMarks(x *call[string]) ([]client.Mark, error) {
-	p := x.c.MarkPages(*x.f, client.WithPageSize(1000))
-	marks := []client.Mark{}
-	for p.More() {
-		ctx, cancel := x.bounded()
-		page, err := p.Next(ctx)
-		cancel()
-		if err != nil {
-			return nil, err
-		}
-		marks = append(marks, page...)
-	}
-	return marks, nil
+	return allPages(x, x.c.MarkPages(*x.f, client.WithPageSize(1000)))
 }
 
 func printMarks[F any](x *call[F], ms []client.Mark) int {
