@@ -108,6 +108,21 @@ export interface AcquireOptions {
   backoff?: number;
 }
 
+// deadlineReset names a stream reset at the call's deadline for what it is.
+// A grpc-go server resets the stream with RST_STREAM(CANCEL) when the
+// deadline it was sent passes, racing the DEADLINE_EXCEEDED status it also
+// writes; grpc-js reports the reset as CANCELLED "Call cancelled", where the
+// grpc-go and grpc-core clients report DEADLINE_EXCEEDED once their own
+// deadline has passed. So does this: a CANCELLED that arrives at or after
+// the deadline (1 ms of clock granularity allowed) is DEADLINE_EXCEEDED, an
+// ambiguous outcome that acquire retries with the same request_id. This
+// client never cancels a call itself, so an earlier CANCELLED (the channel
+// closed) is left as it is.
+function deadlineReset(err: grpc.ServiceError, deadline: number): grpc.ServiceError {
+  if (err.code !== grpc.status.CANCELLED || Date.now() < deadline - 1) return err;
+  return Object.assign(err, { code: grpc.status.DEADLINE_EXCEEDED, details: `Deadline exceeded (the server reset the stream at the deadline: ${err.details})` });
+}
+
 export class Client {
   readonly grpcClient: LockServiceClient;
   // The transport of every call; replaceable (tests inject failures here).
@@ -118,8 +133,9 @@ export class Client {
     this.grpcClient = new LockService(target, credentials);
     this.call = <M extends keyof Methods>(method: M, request: Methods[M][0], timeoutSeconds: number) =>
       new Promise<Methods[M][1]>((resolve, reject) => {
-        this.grpcClient[method](request, { deadline: Date.now() + timeoutSeconds * 1000 }, (err, response) => {
-          if (err) reject(err);
+        const deadline = Date.now() + timeoutSeconds * 1000;
+        this.grpcClient[method](request, { deadline }, (err, response) => {
+          if (err) reject(deadlineReset(err, deadline));
           else resolve(response as Methods[M][1]);
         });
       });

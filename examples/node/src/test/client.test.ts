@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
 import { after, before, test } from 'node:test';
-import { status } from '@grpc/grpc-js';
+import { Metadata, status } from '@grpc/grpc-js';
 
 import { Call, Client, CoordinatorError, LeaseLost, LockHeld, Methods, margin } from '../index';
 
@@ -105,6 +105,57 @@ test('retries after DEADLINE_EXCEEDED keep one waiter', async () => {
   assert.ok(BigInt(lease.token) > BigInt(holder.token));
   lease.check();
   assert.equal(await lease.release(), true);
+});
+
+// grpc-go servers reset a stream with RST_STREAM(CANCEL) when its deadline
+// passes, racing the DEADLINE_EXCEEDED status they also send; grpc-js reports
+// that reset as CANCELLED "Call cancelled" (grpc-go and grpc-core clients
+// report DEADLINE_EXCEEDED once their deadline has passed). CI saw an
+// acquire give up on it instead of retrying. The transport here answers
+// exactly that, at the deadline it was given, every time.
+test('a stream reset at the deadline is DEADLINE_EXCEEDED and retried', async () => {
+  const probe = new Client(addr ?? '');
+  const calls: number[] = [];
+  const acquire = (_req: unknown, options: { deadline?: number | Date }, callback: (err: Error | null) => void) => {
+    const deadline = Number(options.deadline);
+    calls.push(deadline);
+    setTimeout(() => callback(Object.assign(new Error('1 CANCELLED: Call cancelled'), { code: status.CANCELLED, details: 'Call cancelled', metadata: new Metadata() })), Math.max(deadline - Date.now(), 0));
+    return {};
+  };
+  Object.assign(probe.grpcClient, { Acquire: acquire });
+  try {
+    await assert.rejects(probe.acquire(uniqueName('reset'), { ttl: 5, wait: null, deadline: 1.5, attemptTimeout: 0.3, backoff: 0.05 }), (e: unknown) => {
+      assert.ok(e instanceof CoordinatorError);
+      assert.equal(e.code, status.DEADLINE_EXCEEDED);
+      return true;
+    });
+    assert.ok(calls.length > 1, `attempts ${calls.length}: a reset at the deadline was not retried`);
+  } finally {
+    probe.close();
+  }
+});
+
+// A CANCELLED before the call's deadline (the channel closed under it) is
+// not a timeout: it is neither renamed nor retried.
+test('a stream reset before the deadline stays CANCELLED', async () => {
+  const probe = new Client(addr ?? '');
+  let calls = 0;
+  const acquire = (_req: unknown, _options: unknown, callback: (err: Error | null) => void) => {
+    calls++;
+    setImmediate(() => callback(Object.assign(new Error('1 CANCELLED: Call cancelled'), { code: status.CANCELLED, details: 'Call cancelled', metadata: new Metadata() })));
+    return {};
+  };
+  Object.assign(probe.grpcClient, { Acquire: acquire });
+  try {
+    await assert.rejects(probe.acquire(uniqueName('cancel'), { ttl: 5, deadline: 5 }), (e: unknown) => {
+      assert.ok(e instanceof CoordinatorError);
+      assert.equal(e.code, status.CANCELLED);
+      return true;
+    });
+    assert.equal(calls, 1);
+  } finally {
+    probe.close();
+  }
 });
 
 test('a try-lock of a held lock is LOCK_HELD with the holder token', async () => {
