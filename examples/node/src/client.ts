@@ -184,6 +184,7 @@ export class Client {
         throw err;
       }
     }
+    lease.armDeadline();
     if (o.keepAlive ?? true) lease.start();
     return lease;
   }
@@ -230,7 +231,9 @@ export class Lease {
     this.margin = margin(this.ttl);
     this.interval = (this.ttl - this.margin) / 3;
     this.safeUntilMs = sentMs + (this.ttl - this.margin) * 1000;
-    this.armDeadline();
+    // The deadline timer is armed by acquire once the grant is confirmed:
+    // after a long wait safeUntil may already have passed, and the renewal
+    // that confirms the grant must not race a timer declaring it lost.
   }
 
   // signal aborts (with a LeaseLost reason) once the lease is lost.
@@ -266,8 +269,9 @@ export class Lease {
   }
 
   // armDeadline (re)sets the timer that declares the lease lost at safeUntil.
-  // Unref'd: it alone does not keep the process running.
-  private armDeadline(): void {
+  // Unref'd: it alone does not keep the process running. Called by acquire
+  // once the grant is confirmed, then by every renewal.
+  armDeadline(): void {
     clearTimeout(this.deadlineTimer);
     if (this.lost) return;
     this.deadlineTimer = setTimeout(() => {

@@ -158,6 +158,24 @@ test('a stream reset before the deadline stays CANCELLED', async () => {
   }
 });
 
+// A grant that came after a wait longer than its own TTL starts with a
+// safeUntil (from the first send) already in the past; acquire confirms it
+// with a renewal before handing it out, and the lease must not be declared
+// lost while that confirmation is in flight (CI saw fenced_write.js stop with
+// SAFE_UNTIL_PASSED right after such a grant).
+test('a grant after a wait longer than its TTL is confirmed, not lost', async () => {
+  const name = uniqueName('long-wait');
+  const holder = await client.acquire(name, { ttl: 5 });
+  const waiting = client.acquire(name, { ttl: 2, wait: 10 });
+  await sleep(3); // past the waiter's safeUntil of 2s - 0.5s margin from its first send
+  assert.equal(await holder.release(), true);
+  const lease = await waiting;
+  assert.equal(lease.lost, false, 'lost on arrival');
+  lease.check();
+  assert.ok(lease.remaining() > 0.5, `remaining ${lease.remaining()}`);
+  assert.equal(await lease.release(), true);
+});
+
 test('a try-lock of a held lock is LOCK_HELD with the holder token', async () => {
   const name = uniqueName('held');
   const holder = await client.acquire(name, { ttl: 5 });
