@@ -45,7 +45,9 @@ func newReplicas(t *testing.T, n int, opts ...Option) ([]*Manager, *clientv3.Cli
 // eventually polls cond every 20ms until it holds, or fails after 15s.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	// A bound against a hang, not a speed: CI's -race pass on a loaded
+	// machine took over 15 s to settle a burst of 500 across two replicas.
+	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
