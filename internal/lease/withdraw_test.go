@@ -42,7 +42,7 @@ func newReplicas(t *testing.T, n int, opts ...Option) ([]*Manager, *clientv3.Cli
 	return ms, client()
 }
 
-// eventually polls cond every 20ms until it holds, or fails after 15s.
+// eventually polls cond every 20ms until it holds, or fails after 60s.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	// A bound against a hang, not a speed: CI's -race pass on a loaded
