@@ -15,7 +15,7 @@ import (
 
 func dial(t *testing.T, opts ...client.Option) *client.Client {
 	t.Helper()
-	c, err := client.Dial(coordinatorAddr, append([]client.Option{client.WithDialOptions(faults.dialOption())}, opts...)...)
+	c, err := client.Dial(coordinatorAddr, append([]client.Option{client.WithDialOptions(faults.dialOptions()...)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,17 +19,73 @@ import (
 //	unavailable-2/...  the first 2 Acquire calls answer UNAVAILABLE, unsent
 //	lostack/...        the first Acquire is granted, then its answer is lost (UNAVAILABLE)
 //	nokeepalive/...    every KeepAlive answers UNAVAILABLE, unsent
-var faults = &faultInjector{acquireIDs: map[string][]string{}, lostTokens: map[string]int64{}}
+//	breakhold/...      the first heartbeat on a Hold stream breaks the stream
+var faults = &faultInjector{acquireIDs: map[string][]string{}, lostTokens: map[string]int64{}, holds: map[string][]string{}}
 
 type faultInjector struct {
 	mu         sync.Mutex
 	acquireIDs map[string][]string // request ids seen per name
 	lostTokens map[string]int64    // tokens of the grants whose answer was lost
+	holds      map[string][]string // the first message of each Hold stream per name: acquire or resume
+	broken     map[string]bool     // names whose Hold stream was broken once
 }
 
-// dialOption installs the injector on a connection.
-func (f *faultInjector) dialOption() grpc.DialOption {
-	return grpc.WithChainUnaryInterceptor(f.intercept)
+// dialOptions installs the injector, unary calls and streams.
+func (f *faultInjector) dialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(f.intercept), grpc.WithChainStreamInterceptor(f.interceptStream)}
+}
+
+func (f *faultInjector) interceptStream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &faultyStream{ClientStream: s, f: f, cancel: cancel}, nil
+}
+
+// faultyStream records Hold streams and breaks the first heartbeat of a
+// breakhold/ name: the send fails UNAVAILABLE and the stream is cancelled,
+// as when a connection drops.
+type faultyStream struct {
+	grpc.ClientStream
+	f      *faultInjector
+	cancel context.CancelFunc
+	name   string
+}
+
+func (s *faultyStream) SendMsg(m any) error {
+	req, ok := m.(*coordinatorv1.HoldRequest)
+	if !ok {
+		return s.ClientStream.SendMsg(m)
+	}
+	f := s.f
+	f.mu.Lock()
+	switch {
+	case req.GetAcquire() != nil:
+		s.name = req.GetAcquire().GetRequest().GetName()
+		f.holds[s.name] = append(f.holds[s.name], "acquire")
+	case req.GetResume() != nil:
+		s.name = req.GetResume().GetName()
+		f.holds[s.name] = append(f.holds[s.name], "resume")
+	case req.GetHeartbeat() != nil && strings.HasPrefix(s.name, "breakhold/") && !f.broken[s.name]:
+		if f.broken == nil {
+			f.broken = map[string]bool{}
+		}
+		f.broken[s.name] = true
+		f.mu.Unlock()
+		s.cancel()
+		return status.Error(codes.Unavailable, "injected fault")
+	}
+	f.mu.Unlock()
+	return s.ClientStream.SendMsg(m)
+}
+
+func (f *faultInjector) holdStreams(name string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.holds[name]...)
 }
 
 func (f *faultInjector) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
