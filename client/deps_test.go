@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -59,6 +60,15 @@ func TestSDKDependencies(t *testing.T) {
 			}
 		}
 	})
+	t.Run("go version", func(t *testing.T) {
+		// The SDK builds with Go 1.24 (grpc v1.80's minimum): a newer go
+		// line here or in a requirement would force it on every importer.
+		for _, v := range goList(t, "list", "-m", "-f", "{{.GoVersion}}", "github.com/coordinatord/coordinatord/client", "github.com/coordinatord/coordinatord/api") {
+			if goMinor(v) > 24 {
+				t.Errorf("the SDK's modules need Go %s; want at most 1.24", v)
+			}
+		}
+	})
 	t.Run("packages", func(t *testing.T) {
 		allowed := []string{
 			"github.com/coordinatord/coordinatord/client",
@@ -85,6 +95,16 @@ func goList(t *testing.T, args ...string) []string {
 		t.Fatalf("go %s: %v", strings.Join(args, " "), err)
 	}
 	return strings.Fields(string(out))
+}
+
+// goMinor is the minor version of a go line ("1.24.0": 24).
+func goMinor(v string) int {
+	parts := strings.Split(v, ".")
+	if len(parts) < 2 {
+		return 0
+	}
+	n, _ := strconv.Atoi(parts[1])
+	return n
 }
 
 // modulePath is the path of "path@version".
