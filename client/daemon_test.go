@@ -102,7 +102,6 @@ func (d *daemon) stop() error {
 		return err
 	case <-time.After(20 * time.Second):
 		_ = d.cmd.Process.Kill()
-		<-d.done
-		return errors.New("coordinatord still running 20s after SIGINT")
+		return fmt.Errorf("coordinatord still running 20s after SIGINT, killed: %w", <-d.done)
 	}
 }
