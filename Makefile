@@ -89,10 +89,14 @@ $(BIN)/buf: tools/go.mod tools/go.sum
 $(BIN)/golangci-lint: tools/go.mod tools/go.sum
 	cd tools && $(GO) build -o $(BIN)/golangci-lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
-## generate: lint the proto and regenerate api/ with buf and the local plugins pinned in go.mod
+## generate: lint the proto and regenerate api/ with buf and the local plugins pinned in go.mod, then from the
+## protos the API reference (docs/API.md, from their comments) and the Node client's descriptor set
+## (examples/node/src/descriptor.ts) with internal/cmd/apigen
 generate: $(BIN)/buf
 	$(BIN)/buf lint
 	$(BIN)/buf generate
+	$(BIN)/buf build -o $(BIN)/api-image.binpb
+	$(GO) run ./internal/cmd/apigen -image $(BIN)/api-image.binpb -doc docs/API.md -node examples/node/src/descriptor.ts
 
 ## lint: buf lint, gofmt, go vet, then golangci-lint (.golangci.yml) over every Go module (the root, api/, client/, deploy/)
 lint: $(BIN)/buf $(BIN)/golangci-lint
@@ -106,7 +110,7 @@ lint: $(BIN)/buf $(BIN)/golangci-lint
 verify: generate lint
 	$(GO) mod tidy
 	for m in $(SDK_MODULES) tools deploy; do (cd $$m && $(GO) mod tidy) || exit 1; done
-	@git diff --exit-code -- api client/go.mod client/go.sum go.mod go.sum tools/go.mod tools/go.sum deploy/go.mod deploy/go.sum || { echo "generated code or go.mod is stale: run 'make generate' and 'go mod tidy', then commit"; exit 1; }
+	@git diff --exit-code -- api docs/API.md examples/node/src/descriptor.ts client/go.mod client/go.sum go.mod go.sum tools/go.mod tools/go.sum deploy/go.mod deploy/go.sum || { echo "generated code or go.mod is stale: run 'make generate' and 'go mod tidy', then commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- api)" || { echo "untracked generated files:"; git status --porcelain -- api; exit 1; }
 
 ## grpcurl: install grpcurl v1.9.4 into bin/ (for the README walkthrough)
