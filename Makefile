@@ -113,7 +113,7 @@ verify: generate lint
 	@git diff --exit-code -- api docs/API.md examples/node/src/descriptor.ts client/go.mod client/go.sum go.mod go.sum tools/go.mod tools/go.sum deploy/go.mod deploy/go.sum || { echo "generated code or go.mod is stale: run 'make generate' and 'go mod tidy', then commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- api)" || { echo "untracked generated files:"; git status --porcelain -- api; exit 1; }
 
-## grpcurl: install grpcurl v1.9.4 into bin/ (for the README walkthrough)
+## grpcurl: install grpcurl v1.9.4 into bin/ (for the walkthrough in docs/WALKTHROUGH.md)
 grpcurl: $(BIN)/grpcurl
 $(BIN)/grpcurl:
 	GOBIN=$(BIN) $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4
