@@ -196,6 +196,9 @@ func (h *holdConn) heartbeat(ctx context.Context, ref GrantRef) (*coordinatorv1.
 	m, err := h.next(ctx)
 	switch {
 	case err != nil:
+		// An answer still to come would be taken for the next heartbeat's,
+		// dating its renewal too late: drop the stream, resume on a new one.
+		h.closeStream()
 		return nil, err
 	case m.GetLost() != nil:
 		return nil, lostError(m.GetLost())
