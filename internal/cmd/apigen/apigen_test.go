@@ -31,6 +31,27 @@ func TestNodeDescriptorFresh(t *testing.T) {
 	}
 }
 
+// apiFiles names every proto file of the API: one added without it would be
+// missing from the reference and from the Node client.
+func TestAPIFilesComplete(t *testing.T) {
+	protos, err := filepath.Glob(filepath.Join(repoRoot, "api", "coordinator", "v1", "*.proto"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]bool{}
+	for _, f := range apiFiles {
+		listed[f] = true
+	}
+	for _, p := range protos {
+		if f := "coordinator/v1/" + filepath.Base(p); !listed[f] {
+			t.Errorf("%s is not in apiFiles (internal/cmd/apigen/main.go)", f)
+		}
+	}
+	if len(protos) != len(apiFiles) {
+		t.Errorf("api/coordinator/v1 has %d proto files, apiFiles %d", len(protos), len(apiFiles))
+	}
+}
+
 var link = regexp.MustCompile(`\]\(#([^)]+)\)`)
 
 // The committed reference has a section for every method, message and enum
