@@ -8,6 +8,13 @@ ARGS    ?=
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/coordinatord/coordinatord/internal/version.Version=$(VERSION)
 
+# The Go modules of this repository: the daemon (the root), the generated API
+# (api/) and the Go SDK (client/), each its own module so that the SDK pulls
+# in grpc and protobuf only; deploy/ (manifests and image) and tools/ (buf,
+# golangci-lint). The root's go.mod builds api/ and client/ from this checkout
+# (replace directives); go ./... in one module does not enter another.
+SDK_MODULES := api client
+
 .PHONY: all build image run test test-short chaos generate lint verify grpcurl clean bench bench-quick bench-go
 
 all: build
@@ -34,16 +41,21 @@ run: build
 ## validates it against the Kubernetes OpenAPI schema embedded in kustomize, runs the Dockerfile's go build line,
 ## and builds the image as make image does, reads it back, checks its config and runs the binary from its layer)
 ## (and every testing.B benchmark runs once, so a broken benchmark fails here, not in someone's bench run)
+## (client/, the Go SDK's module, tests against a coordinatord it builds from this checkout, and checks its own module graph)
 test:
 	$(GO) vet ./...
+	for m in $(SDK_MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 	$(GO) test -count=1 -timeout 10m ./...
+	cd client && $(GO) test -count=1 -timeout 5m ./...
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 1x ./internal/...
 	$(GO) test -race -count=1 -timeout 15m ./...
+	cd client && $(GO) test -race -count=1 -timeout 5m ./...
 	cd deploy && $(GO) vet ./... && $(GO) test -count=1 -timeout 10m ./...
 
 ## test-short: the fast tests only, without the race detector
 test-short:
 	$(GO) test -short -count=1 ./...
+	cd client && $(GO) test -short -count=1 ./...
 
 ## chaos: CHAOS_RUNS randomized fault schedules (default 20) against a 3-member etcd cluster, each
 ## history checked for linearizability; each run prints its seed, CHAOS_SEED=n replays one
@@ -77,28 +89,31 @@ $(BIN)/buf: tools/go.mod tools/go.sum
 $(BIN)/golangci-lint: tools/go.mod tools/go.sum
 	cd tools && $(GO) build -o $(BIN)/golangci-lint github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
-## generate: lint the proto and regenerate api/ with buf and the local plugins pinned in go.mod
+## generate: lint the proto and regenerate api/ with buf and the local plugins pinned in go.mod, then from the
+## protos the API reference (docs/API.md, from their comments) and the Node client's descriptor set
+## (examples/node/src/descriptor.ts) with internal/cmd/apigen
 generate: $(BIN)/buf
 	$(BIN)/buf lint
 	$(BIN)/buf generate
+	$(BIN)/buf build -o $(BIN)/api-image.binpb
+	$(GO) run ./internal/cmd/apigen -image $(BIN)/api-image.binpb -doc docs/API.md -node examples/node/src/descriptor.ts
 
-## lint: buf lint, gofmt, go vet, then golangci-lint (.golangci.yml) over both Go modules (the root and deploy/)
+## lint: buf lint, gofmt, go vet, then golangci-lint (.golangci.yml) over every Go module (the root, api/, client/, deploy/)
 lint: $(BIN)/buf $(BIN)/golangci-lint
 	$(BIN)/buf lint
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 	$(BIN)/golangci-lint run ./...
-	cd deploy && $(BIN)/golangci-lint run ./...
+	for m in $(SDK_MODULES) deploy; do (cd $$m && $(GO) vet ./... && $(BIN)/golangci-lint run ./...) || exit 1; done
 
 ## verify: regenerate and fail if generated code, go.mod/go.sum or formatting differ from what is committed
 verify: generate lint
 	$(GO) mod tidy
-	cd tools && $(GO) mod tidy
-	cd deploy && $(GO) mod tidy
-	@git diff --exit-code -- api go.mod go.sum tools/go.mod tools/go.sum deploy/go.mod deploy/go.sum || { echo "generated code or go.mod is stale: run 'make generate' and 'go mod tidy', then commit"; exit 1; }
+	for m in $(SDK_MODULES) tools deploy; do (cd $$m && $(GO) mod tidy) || exit 1; done
+	@git diff --exit-code -- api docs/API.md examples/node/src/descriptor.ts client/go.mod client/go.sum go.mod go.sum tools/go.mod tools/go.sum deploy/go.mod deploy/go.sum || { echo "generated code or go.mod is stale: run 'make generate' and 'go mod tidy', then commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- api)" || { echo "untracked generated files:"; git status --porcelain -- api; exit 1; }
 
-## grpcurl: install grpcurl v1.9.4 into bin/ (for the README walkthrough)
+## grpcurl: install grpcurl v1.9.4 into bin/ (for the walkthrough in docs/WALKTHROUGH.md)
 grpcurl: $(BIN)/grpcurl
 $(BIN)/grpcurl:
 	GOBIN=$(BIN) $(GO) install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4

@@ -4,6 +4,8 @@ go 1.26.0
 
 require (
 	github.com/anishathalye/porcupine v1.3.1
+	github.com/coordinatord/coordinatord/api v0.0.0-00010101000000-000000000000
+	github.com/coordinatord/coordinatord/client v0.0.0-00010101000000-000000000000
 	github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus v1.1.0
 	github.com/grpc-ecosystem/go-grpc-middleware/v2 v2.3.4
 	github.com/prometheus/client_golang v1.23.2
@@ -80,4 +82,12 @@ require (
 tool (
 	google.golang.org/grpc/cmd/protoc-gen-go-grpc
 	google.golang.org/protobuf/cmd/protoc-gen-go
+)
+
+// The generated API and the Go SDK are modules of their own (api/go.mod,
+// client/go.mod), so that importing the SDK pulls in grpc and protobuf only;
+// the daemon builds them from this checkout.
+replace (
+	github.com/coordinatord/coordinatord/api => ./api
+	github.com/coordinatord/coordinatord/client => ./client
 )

@@ -21,6 +21,8 @@ type acquireOptions struct {
 	maxHold   time.Duration
 	lockDelay time.Duration
 	session   string // the session handle: set only by Session.Acquire
+
+	releaseOnDisconnect bool // Hold only
 }
 
 // AcquireOption configures one Acquire.
@@ -138,15 +140,20 @@ func (c *Client) Acquire(ctx context.Context, name string, opts ...AcquireOption
 	if err != nil {
 		return nil, err
 	}
-	l := &Lock{
-		c: c, ref: g.GrantRef, ttl: g.TTL,
-		margin: c.margin(g.TTL), done: make(chan struct{}), exited: make(chan struct{}),
-	}
+	return c.start(ctx, newLock(c), g, first)
+}
+
+// start makes l the held lock of grant g, first asked for at the local time
+// first, and starts its heartbeat.
+func (c *Client) start(ctx context.Context, l *Lock, g Grant, first time.Time) (*Lock, error) {
+	l.ref, l.ttl, l.margin = g.GrantRef, g.TTL, c.margin(g.TTL)
 	// The lease ends no earlier than the first send plus the TTL: a grant
 	// (or the refresh at the end of a wait) happens after that.
 	l.safeUntil = first.Add(g.TTL - l.margin)
 	if !c.track(l) {
-		_, _ = c.Release(context.Background(), l.ref)
+		rctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		_ = l.end(rctx, ErrClosed) // best effort: an unreleased grant ends with its TTL
+		cancel()
 		return nil, ErrClosed
 	}
 	// After a long wait (or a retry), that bound may be close: confirm the
@@ -156,12 +163,12 @@ func (c *Client) Acquire(ctx context.Context, name string, opts ...AcquireOption
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 			_ = l.end(rctx, err) // best effort: an unreleased grant ends with its TTL; err is the answer
 			cancel()
-			return nil, fmt.Errorf("client: lock %q granted (token %d) but not confirmed: %w", name, g.Token, err)
+			return nil, fmt.Errorf("client: lock %q granted (token %d) but not confirmed: %w", g.Name, g.Token, err)
 		}
 	}
-	ctx, stop := context.WithCancel(c.root)
+	hctx, stop := context.WithCancel(c.root)
 	l.stop = stop
-	go l.heartbeat(ctx)
+	go l.heartbeat(hctx)
 	return l, nil
 }
 

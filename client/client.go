@@ -23,9 +23,13 @@
 //
 // Heartbeats (KeepAlive) run every third of (TTL - margin), with ±10%
 // jitter; a failed heartbeat is retried with jittered exponential backoff
-// until it succeeds or safe_until passes.
+// until it succeeds or safe_until passes. Hold is Acquire over one Hold
+// stream, which carries the heartbeats and on which the coordinator pushes
+// the grant's end: its Lock notices a force-release at once, not at the next
+// heartbeat. Lock.Context is cancelled with Done, for the work done under
+// the lock.
 //
-// Beside Acquire, the SDK has the whole API for tools and operators (it is
+// Beside Acquire and Hold, the SDK has the whole API for tools and operators (it is
 // all coordctl uses): AcquireGrant, a grant nothing renews, renewed and
 // released by its GrantRef (KeepAlive, Release) from any process;
 // ValidateToken; Describe; List and Pages over the held locks; Watch;

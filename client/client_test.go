@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -16,7 +15,7 @@ import (
 
 func dial(t *testing.T, opts ...client.Option) *client.Client {
 	t.Helper()
-	c, err := client.Dial(coordinatorAddr, opts...)
+	c, err := client.Dial(coordinatorAddr, append([]client.Option{client.WithDialOptions(faults.dialOptions()...)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,20 +159,17 @@ func TestErrChecksTheClock(t *testing.T) {
 	_ = l.Release(ctxT(t, 10*time.Second))
 }
 
-// The grant disappears behind the client's back: the next heartbeat gets
-// NOT_FOUND and Done closes with ErrLost.
-func TestLostWhenTheLeaseIsRevoked(t *testing.T) {
+// The grant disappears behind the client's back (an operator's
+// ForceRelease): the next heartbeat gets NOT_FOUND and Done closes with
+// ErrLost.
+func TestLostWhenTheGrantIsForceReleased(t *testing.T) {
 	c := dial(t)
 	l, err := c.Acquire(ctxT(t, 10*time.Second), "t/revoked", client.WithTTL(3*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := coord.Etcd.Get(ctxT(t, 10*time.Second), "/test/locks/t%2Frevoked/", clientv3.WithPrefix())
-	if err != nil || len(r.Kvs) != 1 {
-		t.Fatalf("queue keys: %v, %v", r, err)
-	}
-	if _, err := coord.Etcd.Revoke(ctxT(t, 10*time.Second), clientv3.LeaseID(r.Kvs[0].Lease)); err != nil {
-		t.Fatal(err)
+	if ok, err := c.ForceRelease(ctxT(t, 10*time.Second), "t/revoked", l.Token()); err != nil || !ok {
+		t.Fatalf("ForceRelease = %v, %v; want true", ok, err)
 	}
 	waitDone(t, l, 5*time.Second)
 	if !errors.Is(l.Err(), client.ErrLost) {

@@ -10,25 +10,38 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 )
 
 // Lock is a held lock. Its heartbeat runs until Release, Client.Close or
-// the loss of the lock; then Done is closed and Err says why.
+// the loss of the lock; then Done is closed, Context is cancelled and Err
+// says why.
 type Lock struct {
 	c      *Client
 	ref    GrantRef
 	ttl    time.Duration
 	margin time.Duration
+	hold   *holdConn // the Hold stream that renews it; nil: unary KeepAlive
 
 	mu        sync.Mutex
 	safeUntil time.Time
 	err       error
 	done      chan struct{}
+	ctx       context.Context
+	cancelCtx context.CancelCauseFunc
 
 	stop    context.CancelFunc // ends the heartbeat; nil before it starts
 	exited  chan struct{}      // closed when the heartbeat has returned
 	endOnce sync.Once
 	endErr  error
+}
+
+// newLock is a Lock not yet granted: start makes it held.
+func newLock(c *Client) *Lock {
+	l := &Lock{c: c, done: make(chan struct{}), exited: make(chan struct{})}
+	l.ctx, l.cancelCtx = context.WithCancelCause(context.Background())
+	return l
 }
 
 // Name is the lock's name.
@@ -69,6 +82,16 @@ func (l *Lock) Err() error {
 	return l.err
 }
 
+// Context is a context cancelled when Done closes, with Err as its cause
+// (context.Cause): pass it to the work done under the lock, so that the
+// work is cancelled by the loss. Like Done it checks the clock when called;
+// a process paused past safe_until in the middle of its work should still
+// check Err before each write, or send Token with it.
+func (l *Lock) Context() context.Context {
+	l.check()
+	return l.ctx
+}
+
 // Release stops the heartbeat and gives the lock up, so the next waiter is
 // granted at once; Done is closed and Err is ErrReleased (unless the lock
 // was lost before). Releasing a lock that was already lost or released is
@@ -98,6 +121,7 @@ func (l *Lock) loseLocked(err error) {
 	if l.err == nil {
 		l.err = err
 		close(l.done)
+		l.cancelCtx(err)
 	}
 }
 
@@ -119,7 +143,11 @@ func (l *Lock) end(ctx context.Context, reason error) error {
 			<-l.exited
 		}
 		l.lose(reason)
-		_, l.endErr = l.c.Release(ctx, l.ref)
+		if l.hold != nil {
+			l.endErr = l.hold.release(ctx, l.ref)
+		} else {
+			_, l.endErr = l.c.Release(ctx, l.ref)
+		}
 		l.c.untrack(l)
 	})
 	return l.endErr
@@ -135,10 +163,21 @@ func (l *Lock) interval() time.Duration {
 // moment it was sent. ErrLost when the coordinator says the grant is gone.
 func (l *Lock) renew(ctx context.Context) error {
 	sent := time.Now()
-	resp, err := l.c.keepAlive(ctx, l.ref)
+	var (
+		resp *coordinatorv1.KeepAliveResponse
+		err  error
+	)
+	if l.hold != nil {
+		resp, err = l.hold.heartbeat(ctx, l.ref)
+	} else {
+		resp, err = l.c.keepAlive(ctx, l.ref)
+	}
 	if err == nil {
 		l.extend(sent.Add(resp.GetTtl().AsDuration() - l.margin))
 		return nil
+	}
+	if errors.Is(err, ErrLost) { // pushed on the Hold stream
+		return err
 	}
 	if lostReason(err) {
 		return fmt.Errorf("%w: %s", ErrLost, status.Convert(err).Message())
@@ -180,6 +219,11 @@ func (l *Lock) heartbeat(ctx context.Context) {
 		case <-ctx.Done():
 			t.Stop()
 			return
+		case <-l.done: // lost, as the Hold stream said
+			t.Stop()
+			if !errors.Is(l.Err(), ErrExpired) {
+				return
+			}
 		case <-t.C:
 		}
 		if l.Err() != nil { // safe_until passed: expired
@@ -208,5 +252,8 @@ func (l *Lock) heartbeat(ctx context.Context) {
 func (l *Lock) abandon(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 	defer cancel()
+	if l.hold != nil {
+		l.hold.closeStream()
+	}
 	_, _ = l.c.releaseOnce(ctx, l.ref)
 }

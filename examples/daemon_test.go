@@ -1,5 +1,5 @@
 // Package examples_test runs the example clients in other languages and the
-// README's grpcurl walkthrough against a real coordinatord process (embedded
+// grpcurl walkthrough (docs/WALKTHROUGH.md) against a real coordinatord process (embedded
 // etcd, loopback port picked by the kernel).
 package examples_test
 

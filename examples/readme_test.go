@@ -14,25 +14,28 @@ import (
 	"time"
 )
 
-var update = flag.Bool("update", false, "rewrite the output blocks of README.md's grpcurl walkthrough with what its commands print")
+var update = flag.Bool("update", false, "rewrite the output blocks of docs/WALKTHROUGH.md (the grpcurl walkthrough) with what its commands print")
 
-// block is one fenced code block of the README.
+// walkthroughFile holds the grpcurl walkthrough (it was the README's).
+const walkthroughFile = "docs/WALKTHROUGH.md"
+
+// block is one fenced code block of the walkthrough.
 type block struct {
 	lang string
 	body string
 }
 
-// walkthrough returns the fenced blocks of README.md's "Walkthrough with
+// walkthrough returns the fenced blocks of docs/WALKTHROUGH.md's "Walkthrough with
 // grpcurl" section, in order.
 func walkthrough(t *testing.T) []block {
 	t.Helper()
-	readme, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	readme, err := os.ReadFile(filepath.Join(repoRoot, walkthroughFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, section, ok := strings.Cut(string(readme), "\n## Walkthrough with grpcurl\n")
 	if !ok {
-		t.Fatal(`README.md has no "## Walkthrough with grpcurl" section`)
+		t.Fatal(`docs/WALKTHROUGH.md has no "## Walkthrough with grpcurl" section`)
 	}
 	if i := strings.Index(section, "\n## "); i >= 0 {
 		section = section[:i]
@@ -51,7 +54,7 @@ func walkthrough(t *testing.T) []block {
 		}
 	}
 	if cur != nil {
-		t.Fatal("README.md walkthrough: unterminated code block")
+		t.Fatal("docs/WALKTHROUGH.md walkthrough: unterminated code block")
 	}
 	return blocks
 }
@@ -68,7 +71,7 @@ func steps(t *testing.T, blocks []block) []step {
 	var out []step
 	for i := 0; i < len(blocks); i++ {
 		if blocks[i].lang != "sh" {
-			t.Fatalf("README.md walkthrough: a %q block without a ```sh block before it:\n%s", blocks[i].lang, blocks[i].body)
+			t.Fatalf("docs/WALKTHROUGH.md walkthrough: a %q block without a ```sh block before it:\n%s", blocks[i].lang, blocks[i].body)
 		}
 		s := step{commands: blocks[i].body}
 		if i+1 < len(blocks) && blocks[i+1].lang != "sh" {
@@ -78,7 +81,7 @@ func steps(t *testing.T, blocks []block) []step {
 		out = append(out, s)
 	}
 	if len(out) < 6 {
-		t.Fatalf("README.md walkthrough: %d ```sh blocks, want the full walkthrough", len(out))
+		t.Fatalf("docs/WALKTHROUGH.md walkthrough: %d ```sh blocks, want the full walkthrough", len(out))
 	}
 	return out
 }
@@ -232,7 +235,7 @@ func first(t *testing.T, s, re string) int64 {
 // walkthrough with outputs[i], what step i printed (go test -update).
 func updateReadme(t *testing.T, st []step, outputs []string) {
 	t.Helper()
-	path := filepath.Join(repoRoot, "README.md")
+	path := filepath.Join(repoRoot, walkthroughFile)
 	readme, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -246,7 +249,7 @@ func updateReadme(t *testing.T, st []step, outputs []string) {
 		}
 		j := strings.Index(text[at:], s.want)
 		if j < 0 {
-			t.Fatalf("README.md: output block of step %d not found", i+1)
+			t.Fatalf("docs/WALKTHROUGH.md: output block of step %d not found", i+1)
 		}
 		got := strings.Trim(outputs[i], "\n") + "\n"
 		text = text[:at+j] + got + text[at+j+len(s.want):]

@@ -275,7 +275,7 @@ func (rp *report) markdown() string {
 		rp.cfg.conns, rp.cfg.conns, benchTTL)
 
 	if ts := rp.targets(); len(ts) > 0 {
-		w("### Targets (issue 6)\n\n| target | measured | met? |\n|---|---|---|\n")
+		w("### Targets\n\n| target | measured | met? |\n|---|---|---|\n")
 		for _, t := range ts {
 			met := "**not met**"
 			if t.met {
@@ -388,7 +388,7 @@ func (rp *report) chart() string {
 	p(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
 	p(`<text x="10" y="20" font-size="15" font-weight="bold">coordinatord speed-up over each peer (log scale; right of 1x: coordinatord better)</text>` + "\n")
 	p(`<text x="10" y="36" fill="#555">Same etcd, same run. Bar colour = peer: blue etcd Mutex, green etcd v3lock, orange linearizable etcd Get,</text>` + "\n")
-	p(`<text x="10" y="50" fill="#555">purple coordinatord against itself (100 vs most locks held). Red tick = the issue 6 target (reach or pass it).</text>` + "\n")
+	p(`<text x="10" y="50" fill="#555">purple coordinatord against itself (100 vs most locks held). Red tick = the target (reach or pass it).</text>` + "\n")
 	for d := lo; d <= hi*1.0001; d *= 10 {
 		for _, m := range []float64{1, 2, 5} {
 			v := d * m
