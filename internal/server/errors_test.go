@@ -26,6 +26,7 @@ import (
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/authz"
+	"github.com/coordinatord/coordinatord/internal/epoch"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
@@ -106,6 +107,8 @@ func TestErrorContract(t *testing.T) {
 		{name: "lease.ErrShuttingDown", st: mapped(lease.ErrShuttingDown), code: codes.Unavailable, reason: "SHUTTING_DOWN", retry: retryShutdown},
 		{name: "lease.ErrUnavailable", st: mapped(fmt.Errorf("%w: lease: join: etcdserver: no leader", lease.ErrUnavailable)), code: codes.Unavailable,
 			reason: "ETCD_UNAVAILABLE", retry: retryEtcd},
+		{name: "epoch.PausedError", st: mapped(fmt.Errorf("validate: %w", &epoch.PausedError{Reason: "etcd was restored"})), code: codes.Unavailable,
+			reason: "EPOCH_PAUSED", retry: retryEtcd},
 
 		// fence: marks.
 		{name: "fence.ErrNoMark", st: mapped(fence.ErrNoMark), code: codes.NotFound, reason: "NO_MARK"},
