@@ -206,7 +206,9 @@ func (k *Keeper) validity() time.Duration { return max(3*k.every, time.Second) }
 
 // timeout bounds one check: a call to an etcd that went away waits for its
 // deadline.
-func (k *Keeper) timeout() time.Duration { return min(max(2*k.every, 500*time.Millisecond), 5*time.Second) }
+func (k *Keeper) timeout() time.Duration {
+	return min(max(2*k.every, 500*time.Millisecond), 5*time.Second)
+}
 
 // Run checks etcd every interval until ctx ends (an answer that looks like
 // a restore checks at once, in Epoch).
