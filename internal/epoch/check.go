@@ -46,8 +46,10 @@ func (k *Keeper) check(ctx context.Context) error {
 		return k.finish(ctx, obs.rec, obs.recMR)
 	}
 	if obs.beacon == nil || obs.beacon.Epoch != obs.rec.Epoch || obs.index >= 2*obs.beacon.RaftIndex {
+		// Best effort: a full store refuses writes, and reads must go on;
+		// the beacon recorded earlier still shows a restore.
 		if err := k.writeBeacon(ctx, &obs); err != nil {
-			return err
+			k.log.Warn("epoch: beacon not rewritten", "err", err)
 		}
 	}
 	k.adopt(obs.rec.Epoch, obs.rev, obs.beaconMR)
@@ -74,21 +76,39 @@ func (k *Keeper) observe(ctx context.Context) (observation, error) {
 	return obs, err
 }
 
-// raftPosition is the greatest raft index and term the endpoints report
-// (the leader's, when it answers: a follower may lag, never lead).
+// raftPosition is the greatest raft index and term the endpoints report,
+// asked all at once, each for half the check's time: a member that is down
+// does not hold the check up, and the greatest answer is the leader's when
+// it answers (a follower may lag, never lead).
 func (k *Keeper) raftPosition(ctx context.Context) (index, term uint64, err error) {
+	type answer struct {
+		index, term uint64
+		err         error
+	}
+	eps := k.cli.Endpoints()
+	answers := make(chan answer, len(eps))
+	for _, ep := range eps {
+		go func() {
+			sctx, cancel := context.WithTimeout(ctx, k.timeout()/2)
+			defer cancel()
+			s, err := k.cli.Status(sctx, ep)
+			if err != nil {
+				answers <- answer{err: fmt.Errorf("%s: %w", ep, err)}
+				return
+			}
+			answers <- answer{index: s.RaftIndex, term: s.RaftTerm}
+		}()
+	}
 	var errs []error
-	ok := false
-	for _, ep := range k.cli.Endpoints() {
-		s, e := k.cli.Status(ctx, ep)
-		if e != nil {
-			errs = append(errs, e)
+	for range eps {
+		a := <-answers
+		if a.err != nil {
+			errs = append(errs, a.err)
 			continue
 		}
-		ok = true
-		index, term = max(index, s.RaftIndex), max(term, s.RaftTerm)
+		index, term = max(index, a.index), max(term, a.term)
 	}
-	if !ok {
+	if len(errs) == len(eps) {
 		return 0, 0, fmt.Errorf("etcd status: %w", errors.Join(errs...))
 	}
 	return index, term, nil
@@ -106,10 +126,13 @@ func (k *Keeper) restored(obs observation) string {
 		return fmt.Sprintf("etcd's revision went back from %d to %d", maxRev, obs.rev)
 	case obs.rec.Epoch == epoch && obs.beaconMR < beaconMR:
 		return fmt.Sprintf("the beacon went back from revision %d to %d", beaconMR, obs.beaconMR)
-	case obs.beacon != nil && obs.index < obs.beacon.RaftIndex:
+	case obs.beacon != nil && obs.index < obs.beacon.RaftIndex/2:
+		// Below half: a restore restarts the index at 1, while a member
+		// that lags (one that restarted after a long absence) is never
+		// behind by half its log's length, and the beacon is rewritten
+		// whenever the index doubled. The term is no signal on its own: a
+		// member that restarted after elections reports an older one.
 		return fmt.Sprintf("etcd's raft index went back from %d to %d", obs.beacon.RaftIndex, obs.index)
-	case obs.beacon != nil && obs.term < obs.beacon.RaftTerm:
-		return fmt.Sprintf("etcd's raft term went back from %d to %d", obs.beacon.RaftTerm, obs.term)
 	}
 	return ""
 }

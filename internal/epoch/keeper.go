@@ -197,12 +197,12 @@ func (k *Keeper) checkSince(ctx context.Context, seen int64) error {
 	return nil
 }
 
-// validity is how long a successful check keeps the gate open: three
-// intervals, so that one late or failed check pauses nothing, and a restore
-// that takes etcd down for longer than that (stopping etcd, restoring,
-// starting it takes more) is never served before a check. At least a
-// second.
-func (k *Keeper) validity() time.Duration { return max(3*k.every, time.Second) }
+// validity is how long a successful check keeps the gate open from its
+// start: three intervals and a check's time, so that one late or failed
+// check pauses nothing, and a restore that takes etcd down for longer than
+// that (stopping etcd, restoring, starting it takes more) is never served
+// before a check.
+func (k *Keeper) validity() time.Duration { return 3*k.every + k.timeout() }
 
 // timeout bounds one check: a call to an etcd that went away waits for its
 // deadline.
