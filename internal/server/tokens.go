@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/coordinatord/coordinatord/internal/epoch"
 	"github.com/coordinatord/coordinatord/internal/keyspace"
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
@@ -18,6 +19,7 @@ import (
 // Epochs is the token epoch (internal/epoch's Keeper).
 type Epochs interface {
 	Epoch(ctx context.Context, at int64) (int64, error)
+	Status() epoch.State
 }
 
 // ServiceOption configures NewLockService.
@@ -30,6 +32,8 @@ func WithEpochs(e Epochs) ServiceOption { return func(s *LockService) { s.epochs
 type epochZero struct{}
 
 func (epochZero) Epoch(context.Context, int64) (int64, error) { return 0, nil }
+
+func (epochZero) Status() epoch.State { return epoch.State{} }
 
 // epoch is the current epoch, or why none may be used now.
 func (s *LockService) epoch(ctx context.Context) (int64, error) { return s.epochs.Epoch(ctx, 0) }
