@@ -135,7 +135,6 @@ func snapshotRevision(path string) (int64, error) {
 	return rev, nil
 }
 
-
 func restorePlanFlags(fs *flag.FlagSet, f *restorePlanLine) {
 	fs.Int64Var(&f.lastRevision, "last-revision", 0, "the highest revision etcd reached before the restore (0: unknown)")
 	fs.Int64Var(&f.margin, "margin", 1_000_000, "revisions added beyond --last-revision")
