@@ -62,8 +62,8 @@ type restorePlanLine struct {
 }
 
 const restorePlanHelp = `--last-revision is the highest revision etcd reached before the restore
-(etcdctl endpoint status, or the coordinatord_etcd_revision you monitored); the
-bump then is last-revision - snapshot revision + margin. Without it, the bump is
+(etcdctl endpoint status, or the etcd_debugging_mvcc_current_revision metric you
+monitored); the bump then is last-revision - snapshot revision + margin. Without it, the bump is
 a billion revisions (hours of writes at 100,000 a second; 2^48 is the budget
 for all time). Whatever the bump, coordinatord detects the restore and raises
 the token epoch: the bump is for etcd's other clients and for watchers.
