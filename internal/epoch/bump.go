@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -44,7 +45,7 @@ func (k *Keeper) bump(ctx context.Context, obs observation, reason string) error
 // check reads it again.
 func (k *Keeper) finish(ctx context.Context, rec record, recMR int64) error {
 	leased := []string{k.ks.Locks(), k.ks.Sessions(), k.ks.Delays(), k.ks.Slots(), k.ks.AllOwners()}
-	prefixes := append(leased, k.ks.Requests())
+	prefixes := append(slices.Clip(leased), k.ks.Requests())
 	leases := map[clientv3.LeaseID]bool{}
 	for _, p := range leased {
 		// Not keys-only: etcd leaves the lease out of a keys-only answer.
