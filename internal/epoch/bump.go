@@ -22,6 +22,9 @@ func (k *Keeper) bump(ctx context.Context, obs observation, reason string) error
 	k.mu.Lock()
 	next := max(obs.rec.Epoch, k.epoch) + 1
 	k.mu.Unlock()
+	if next > keyspace.MaxEpoch {
+		return fmt.Errorf("cannot raise the epoch past %d: tokens have no room for more restores", keyspace.MaxEpoch)
+	}
 	rec := record{Epoch: next, State: stateFencing, Reason: reason, At: time.Now().UTC()}
 	b := beacon{Epoch: next, RaftIndex: obs.index, RaftTerm: obs.term, At: rec.At}
 	r, err := k.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k.ks.Epoch()), "=", obs.recMR)).

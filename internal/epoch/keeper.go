@@ -129,7 +129,15 @@ type State struct {
 func (k *Keeper) Status() State {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return State{Epoch: k.epoch, Floor: keyspace.EpochFloor(k.epoch), Paused: k.paused, Bumps: k.bumps.Load()}
+	return State{Epoch: k.epoch, Floor: keyspace.EpochFloor(k.epoch), Paused: k.pausedLocked(), Bumps: k.bumps.Load()}
+}
+
+// pausedLocked is why the gate is closed, "" when it is open (k.mu held).
+func (k *Keeper) pausedLocked() string {
+	if k.paused == "" && time.Now().After(k.until) {
+		return fmt.Sprintf("no check of etcd's history succeeded for %s", k.validity())
+	}
+	return k.paused
 }
 
 // Epoch is the epoch to make and judge tokens with, for an answer of etcd
@@ -140,10 +148,7 @@ func (k *Keeper) Status() State {
 // intervals (etcd was down: it may come back restored), a *PausedError.
 func (k *Keeper) Epoch(ctx context.Context, at int64) (int64, error) {
 	k.mu.Lock()
-	epoch, paused, suspicious := k.epoch, k.paused, at > 0 && at < k.maxRev
-	if paused == "" && time.Now().After(k.until) {
-		paused = fmt.Sprintf("no check of etcd's history succeeded for %s", k.validity())
-	}
+	epoch, paused, suspicious := k.epoch, k.pausedLocked(), at > 0 && at < k.maxRev
 	k.mu.Unlock()
 	if paused != "" {
 		return 0, &PausedError{Reason: paused}
@@ -152,13 +157,13 @@ func (k *Keeper) Epoch(ctx context.Context, at int64) (int64, error) {
 		return epoch, nil
 	}
 	if err := k.checkSince(ctx, k.started.Load()); err != nil {
-		return 0, err
+		return 0, &PausedError{Reason: "etcd's history could not be checked: " + err.Error()}
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	switch {
-	case k.paused != "":
-		return 0, &PausedError{Reason: k.paused}
+	case k.pausedLocked() != "":
+		return 0, &PausedError{Reason: k.pausedLocked()}
 	case k.epoch != epoch:
 		return 0, &PausedError{Reason: fmt.Sprintf("the answer was read in epoch %d, now %d", epoch, k.epoch)}
 	}
@@ -166,7 +171,8 @@ func (k *Keeper) Epoch(ctx context.Context, at int64) (int64, error) {
 }
 
 // Check checks etcd's history once: a restore found raises the epoch before
-// Check returns. On an error the Keeper stays (or becomes) paused.
+// Check returns. On an error the Keeper stays (or becomes) paused until a
+// check succeeds.
 func (k *Keeper) Check(ctx context.Context) error {
 	return k.checkSince(ctx, k.started.Load())
 }
@@ -182,13 +188,20 @@ func (k *Keeper) checkSince(ctx context.Context, seen int64) error {
 		if k.paused != "" {
 			return &PausedError{Reason: k.paused}
 		}
+		if time.Now().After(k.until) {
+			return errors.New("the last check failed")
+		}
 		return nil
 	}
 	k.started.Add(1)
 	start := time.Now()
-	err := k.check(ctx)
-	if err != nil {
-		k.pause(err.Error())
+	if err := k.check(ctx); err != nil {
+		// An etcd that does not answer may come back restored, and what
+		// followed it (the holder view) would answer from the history
+		// before: nothing is served until a check succeeds again
+		// (TestRestoreFencesOldTokens/NoBump/RunningCoordinator saw a
+		// stale token validate when a failed check paused nothing).
+		k.pause("the last check of etcd's history failed: " + err.Error())
 		return err
 	}
 	k.mu.Lock()

@@ -4,6 +4,12 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 )
 
 // TestRestoreTwoRunningReplicasAgree: two replicas keep running across a
@@ -46,6 +52,9 @@ func TestRestoreTwoRunningReplicasAgree(t *testing.T) {
 	lost = append(lost, a.acquire(t, ctx, "b"), held)
 
 	m.stop()
+	for _, c := range []*coord{a, b} { // a restore takes longer than a check interval
+		eventually(t, 10*time.Second, "paused while etcd is away", func() bool { return c.c.Epochs().Status().Paused != "" })
+	}
 	m.start(t, m.restore(t, snap, 0))
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		a.refused(t, ctx, lost, true)
@@ -72,4 +81,59 @@ func TestRestoreTwoRunningReplicasAgree(t *testing.T) {
 	}
 	b.mustValidate(t, ctx, g, "db")
 	a.mustValidate(t, ctx, g, "")
+}
+
+// TestRestoreNotSeenInAPlainRestart: etcd stopped and started again on its
+// own data is no restore. While it is away the replica pauses (UNAVAILABLE,
+// EPOCH_PAUSED, once its last check is too old); when it is back the epoch
+// is still 0 and the holder keeps its lock.
+func TestRestoreNotSeenInAPlainRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m := newMember(t)
+	dir := t.TempDir()
+	m.start(t, dir)
+	defer m.stop()
+	c := startCoord(t, m)
+	defer c.close()
+	for range 20 {
+		c.release(t, ctx, c.acquire(t, ctx, "a"))
+	}
+	held := c.acquire(t, ctx, "b")
+
+	m.stop()
+	eventually(t, 10*time.Second, "paused while etcd is away", func() bool { return c.c.Epochs().Status().Paused != "" })
+	_, err := c.validate(ctx, held, "")
+	if info := errorInfo(err); status.Code(err) != codes.Unavailable || info.GetReason() != "EPOCH_PAUSED" {
+		t.Fatalf("validate while etcd is away: %v (%v); want UNAVAILABLE, EPOCH_PAUSED", err, info)
+	}
+	m.start(t, dir)
+	eventually(t, 10*time.Second, "serving again", func() bool { return c.c.Epochs().Status().Paused == "" })
+	if st := c.c.Epochs().Status(); st.Epoch != 0 || st.Bumps != 0 {
+		t.Fatalf("a plain restart raised the epoch: %+v", st)
+	}
+	c.mustValidate(t, ctx, held, "")
+	if _, err := unavailable(ctx, func() (*coordinatorv1.KeepAliveResponse, error) {
+		return c.lock.KeepAlive(ctx, &coordinatorv1.KeepAliveRequest{Name: held.name, Token: held.token, Handle: held.handle})
+	}); err != nil {
+		t.Fatalf("KeepAlive after a plain restart: %v", err)
+	}
+}
+
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not true after %v: %s", d, what)
+		}
+	}
+}
+
+func errorInfo(err error) *errdetails.ErrorInfo {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info
+		}
+	}
+	return nil
 }

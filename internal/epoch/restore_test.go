@@ -207,6 +207,11 @@ func restoreCase(t *testing.T, bump bumpKind, running bool) {
 		c.close()
 	}
 	m.stop()
+	if running {
+		// A restore takes etcd away for longer than a check interval:
+		// the replica has paused before the restored etcd answers.
+		eventually(t, 10*time.Second, "paused while etcd is away", func() bool { return c.c.Epochs().Status().Paused != "" })
+	}
 	var n uint64
 	switch bump {
 	case largeBump:

@@ -23,6 +23,9 @@ func (s *LockService) ValidateToken(ctx context.Context, req *coordinatorv1.Vali
 	if id, ok := authz.FromContext(ctx); ok {
 		opts = append(opts, fence.AsIdentity(id)) // the cap on marks counts per identity
 	}
+	if _, err := s.epoch(ctx); err != nil { // nothing is validated while the epoch is paused
+		return nil, s.fail(ctx, "ValidateToken", err)
+	}
 	v, err := s.fence.Validate(ctx, req.GetName(), req.GetToken(), req.GetResource(), opts...)
 	if err != nil {
 		return nil, s.fail(ctx, "ValidateToken", err)
