@@ -8,6 +8,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 )
@@ -136,4 +137,57 @@ func errorInfo(err error) *errdetails.ErrorInfo {
 		}
 	}
 	return nil
+}
+
+// TestRestoreEndsHoldStreams: a Hold stream open across a restore, whose
+// key comes back with the snapshot, is never renewed after it: its next
+// heartbeat ends the stream (Lost, or UNAVAILABLE while the replica is
+// paused), and its token does not validate.
+func TestRestoreEndsHoldStreams(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	m := newMember(t)
+	m.start(t, t.TempDir())
+	defer m.stop()
+	c := startCoord(t, m)
+	defer c.close()
+	for range 20 {
+		c.release(t, ctx, c.acquire(t, ctx, "a"))
+	}
+	hctx, hcancel := context.WithCancel(ctx)
+	defer hcancel()
+	stream, err := c.lock.Hold(hctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Acquire{Acquire: &coordinatorv1.HoldAcquire{
+		Request: &coordinatorv1.AcquireRequest{Name: "h", Ttl: durationpb.New(30 * time.Second)}}}}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil || first.GetGranted() == nil {
+		t.Fatalf("Hold: %v, %v; want granted", first, err)
+	}
+	g := grant{name: "h", token: first.GetGranted().GetToken(), handle: first.GetGranted().GetHandle()}
+	if err := c.c.Epochs().Check(ctx); err != nil {
+		t.Fatal(err)
+	}
+	snap, _ := m.saveSnapshot(t, ctx)
+	m.stop()
+	eventually(t, 10*time.Second, "paused while etcd is away", func() bool { return c.c.Epochs().Status().Paused != "" })
+	m.start(t, m.restore(t, snap, 0))
+	eventually(t, 20*time.Second, "epoch raised", func() bool { st := c.c.Epochs().Status(); return st.Epoch >= 1 && st.Paused == "" })
+
+	// The server may have ended the stream already (Send then answers
+	// io.EOF, and Recv how it ended).
+	_ = stream.Send(&coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Heartbeat{Heartbeat: &coordinatorv1.HoldHeartbeat{}}})
+	r, err := stream.Recv()
+	switch {
+	case err == nil && r.GetLost() != nil:
+	case err != nil && status.Code(err) == codes.Unavailable:
+	default:
+		t.Fatalf("heartbeat of a Hold across the restore: %v, %v; want Lost", r, err)
+	}
+	t.Logf("the Hold stream ended with %v, %v", r, err)
+	c.refused(t, ctx, []grant{g}, false)
 }
