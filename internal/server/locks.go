@@ -46,6 +46,14 @@ func (s *LockService) acquire(ctx context.Context, req *coordinatorv1.AcquireReq
 		err = &epoch.PausedError{Reason: fmt.Sprintf("the token epoch changed from %d to %d during the call", before, after)}
 	}
 	if err != nil {
+		// Paused during the call: the grant may stand on a history etcd
+		// lost. It is given up (conditionally on its token and handle),
+		// not left to hold the lock until its TTL while the caller retries.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, rerr := s.leases.Release(rctx, req.GetName(), g.Token, g.Handle, callOptions(ctx)...); rerr != nil {
+			s.log.WarnContext(ctx, "a grant made while the token epoch paused was not released; it ends with its TTL", "name", req.GetName(), "err", rerr)
+		}
 		return nil, 0, err
 	}
 	return g, wireToken(after, g.Token), nil
