@@ -211,10 +211,9 @@ func (k *Keeper) checkSince(ctx context.Context, seen int64) error {
 }
 
 // validity is how long a successful check keeps the gate open from its
-// start: three intervals and a check's time, so that one late or failed
-// check pauses nothing, and a restore that takes etcd down for longer than
-// that (stopping etcd, restoring, starting it takes more) is never served
-// before a check.
+// start: three intervals and a check's time, so that one late check
+// pauses nothing (a failed one does), and an etcd that went away for longer
+// than that is never served before a check.
 func (k *Keeper) validity() time.Duration { return 3*k.every + k.timeout() }
 
 // timeout bounds one check: a call to an etcd that went away waits for its
