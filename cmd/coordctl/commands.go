@@ -199,6 +199,23 @@ var commands = []command{
 		},
 		print: printMark[resourceLock],
 	}},
+	{name: "epoch", spec: spec[struct{}, client.Epoch]{
+		synopsis: "[-o json]", extraHelp: epochHelp,
+		examples: "  coordctl epoch\n  coordctl -o json epoch\n",
+		minArgs:  0, maxArgs: 0,
+		run:   runEpoch,
+		print: printEpoch,
+	}},
+	{name: "restore-plan", spec: spec[restorePlanLine, restorePlan]{
+		synopsis: "SNAPSHOT [--last-revision N] [--margin N]", extraHelp: restorePlanHelp,
+		examples: "  coordctl restore-plan backup.db --last-revision 1843221\n  coordctl -o json restore-plan backup.db\n",
+		minArgs:  1, maxArgs: 1,
+		local: true,
+		flags: restorePlanFlags,
+		args:  func(_ *env, pos []string, f *restorePlanLine) int { f.snapshot = pos[0]; return -1 },
+		run:   runRestorePlan,
+		print: printRestorePlan,
+	}},
 	// The API has no call that names the server's build, so version is
 	// coordctl's own; the server's is its coordinatord_build_info metric.
 	{name: "version", spec: spec[struct{}, version.Info]{

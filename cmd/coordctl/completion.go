@@ -22,7 +22,7 @@ _coordctl() {
     COMPREPLY=()
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
     local conn="--addr --tls --tls-ca --tls-cert --tls-key --tls-server-name --token-file --timeout -o"
-    local cmds="acquire release keepalive validate describe list watch force-release session marks exec version completion help"
+    local cmds="acquire release keepalive validate describe list watch force-release session marks exec epoch restore-plan version completion help"
     local cmd="" i
     for ((i = 1; i < COMP_CWORD; i++)); do
         if [[ "${COMP_WORDS[i]}" == "--" ]]; then

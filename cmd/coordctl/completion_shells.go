@@ -14,7 +14,7 @@ const zshCompletion = `#compdef coordctl
 # (after compinit).
 _coordctl() {
     local -a cmds conn flags names
-    cmds=(acquire release keepalive validate describe list watch force-release session marks exec version completion help)
+    cmds=(acquire release keepalive validate describe list watch force-release session marks exec epoch restore-plan version completion help)
     conn=(--addr --tls --tls-ca --tls-cert --tls-key --tls-server-name --token-file --timeout -o)
     local cmd="" sub="" i
     for ((i = 2; i < CURRENT; i++)); do
@@ -66,7 +66,7 @@ const fishCompletion = `# fish completion for coordctl; load it with: coordctl c
 function __coordctl_cmd --description 'the command being completed (session and marks: with their subcommand)'
     set -l toks (commandline -opc)
     set -e toks[1]
-    set -l cmds acquire release keepalive validate describe list watch force-release session marks exec version completion help
+    set -l cmds acquire release keepalive validate describe list watch force-release session marks exec epoch restore-plan version completion help
     for i in (seq (count $toks))
         if test "$toks[$i]" = "--"
             echo --
@@ -94,11 +94,11 @@ function __coordctl_names
     coordctl --timeout 2s __names (commandline -ct) 2>/dev/null | string split0
 end
 complete -c coordctl -f
-complete -c coordctl -n 'test -z (__coordctl_cmd)' -a 'acquire release keepalive validate describe list watch force-release session marks exec version completion help'
+complete -c coordctl -n 'test -z (__coordctl_cmd)' -a 'acquire release keepalive validate describe list watch force-release session marks exec epoch restore-plan version completion help'
 complete -c coordctl -n '__coordctl_is session' -a 'open keepalive close'
 complete -c coordctl -n '__coordctl_is marks' -a 'list get delete rebind'
 complete -c coordctl -n '__coordctl_is completion' -a 'bash zsh fish'
-complete -c coordctl -n '__coordctl_is help' -a 'acquire release keepalive validate describe list watch force-release session marks exec version completion'
+complete -c coordctl -n '__coordctl_is help' -a 'acquire release keepalive validate describe list watch force-release session marks exec epoch restore-plan version completion'
 complete -c coordctl -n '__coordctl_is acquire release keepalive validate describe watch force-release exec list' -a '(__coordctl_names)'
 complete -c coordctl -n '__coordctl_is --' -a '(__fish_complete_subcommand --fcs-skip=1)'
 complete -c coordctl -o o -x -a 'table json' -d 'output format'

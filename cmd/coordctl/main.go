@@ -81,6 +81,8 @@ Commands:
   exec NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--grace D] -- COMMAND [ARGS...]
                                  run COMMAND while holding NAME (renewed in the background);
                                  release it when COMMAND exits; terminate COMMAND if it is lost
+  epoch                          the token epoch and floor (admins only; raised by etcd restores)
+  restore-plan SNAPSHOT          the etcdutl --bump-revision for restoring an etcd snapshot
   version                        coordctl's version: release, VCS revision, Go toolchain
   completion bash|zsh|fish       print a completion script for the shell
   help [COMMAND]                 this text, or a command's flags

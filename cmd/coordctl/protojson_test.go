@@ -34,6 +34,7 @@ func TestJSONIsProtoJSON(t *testing.T) {
 		{"marks get", []string{"marks", "get", "cli-protojson/res"}, &coordinatorv1.GetMarkResponse{}, nil},
 		{"marks list", []string{"marks", "list", "cli-protojson/"}, &coordinatorv1.ListMarksResponse{}, nil},
 		{"session open", []string{"session", "open", "--ttl", "5s"}, &coordinatorv1.OpenSessionResponse{}, nil},
+		{"epoch", []string{"epoch"}, &coordinatorv1.GetEpochResponse{}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 // Package coordinator assembles one coordinator: an etcd client, the lease
-// manager over it, the fence validator beside it, the gRPC server in front
-// of both, and the validator's holder view following etcd. It is the one
+// manager over it, the fence validator beside it, the token epoch keeper
+// that both answer through (internal/epoch: restores of etcd), the gRPC
+// server in front of them, and the validator's holder view following etcd. It is the one
 // constructor of that graph: the daemon, internal/testcoord, the chaos
 // replicas, the benchmarks and the server tests all build it here, so that
 // none of them drifts from what the daemon serves (two test setups once ran
@@ -16,11 +17,13 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
+	"github.com/coordinatord/coordinatord/internal/epoch"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
@@ -33,11 +36,15 @@ type Coordinator struct {
 	cli *clientv3.Client
 	mgr *lease.Manager
 	val *fence.Validator
+	ep  *epoch.Keeper
 	gs  *grpc.Server
 	hs  *health.Server
 	log *slog.Logger
 
+	viewMu     sync.Mutex // guards stopFollow and closed (the keeper restarts the view)
 	stopFollow func()
+	closed     bool
+	stopEpoch  func()
 	closeOnce  sync.Once
 }
 
@@ -46,6 +53,7 @@ type options struct {
 	fence  []fence.Option
 	server []server.Option
 	log    *slog.Logger
+	epoch  time.Duration
 }
 
 // Option configures New.
@@ -66,6 +74,10 @@ func WithFence(opts ...fence.Option) Option {
 func WithServer(opts ...server.Option) Option {
 	return func(o *options) { o.server = append(o.server, opts...) }
 }
+
+// WithEpochInterval sets how often the epoch keeper checks etcd's history
+// for a restore (default epoch.DefaultInterval).
+func WithEpochInterval(d time.Duration) Option { return func(o *options) { o.epoch = d } }
 
 // WithLogger sets the logger of every part: the lease manager, the holder
 // view, the handlers and the gRPC server (default: discard).
@@ -92,11 +104,51 @@ func New(etcd clientv3.Config, opts ...Option) (*Coordinator, error) {
 		cli.Close()
 		return nil, err
 	}
-	val := fence.New(cli, mgr.Keyspace(), o.fence...)
-	gs, hs := server.NewGRPCServer(server.NewLockService(mgr, val, o.log), o.log, o.server...)
-	c := &Coordinator{cli: cli, mgr: mgr, val: val, gs: gs, hs: hs, log: o.log}
-	c.stopFollow = val.FollowInBackground(o.log)
+	c := &Coordinator{cli: cli, mgr: mgr, log: o.log}
+	epochOpts := []epoch.Option{epoch.WithLogger(o.log), epoch.OnBump(c.restartView)}
+	if o.epoch > 0 {
+		epochOpts = append(epochOpts, epoch.WithInterval(o.epoch))
+	}
+	c.ep = epoch.New(cli, mgr.Keyspace(), epochOpts...)
+	c.val = fence.New(cli, mgr.Keyspace(), append([]fence.Option{fence.WithEpochs(c.ep)}, o.fence...)...)
+	c.gs, c.hs = server.NewGRPCServer(server.NewLockService(mgr, c.val, o.log, server.WithEpochs(c.ep)), o.log, o.server...)
+	// The first check before anything is served: a restore found is fenced
+	// off now. If etcd does not answer, the keeper stays paused (every
+	// grant and validation UNAVAILABLE) until its loop's first success.
+	ctx, cancel := context.WithTimeout(context.Background(), firstCheckTimeout)
+	if err := c.ep.Check(ctx); err != nil {
+		o.log.Warn("epoch: first check of etcd's history failed; granting and validating paused until one succeeds", "err", err)
+	}
+	cancel()
+	c.stopFollow = c.val.FollowInBackground(o.log)
+	c.stopEpoch = c.ep.RunInBackground()
 	return c, nil
+}
+
+// firstCheckTimeout bounds New's first check of etcd's history.
+const firstCheckTimeout = 5 * time.Second
+
+// restartView restarts the holder view after the token epoch changed: the
+// view followed the history before the restore, and a watch resumed across
+// a restore without --bump-revision waits for revisions that came back.
+func (c *Coordinator) restartView(int64) {
+	c.viewMu.Lock()
+	defer c.viewMu.Unlock()
+	if c.closed || c.stopFollow == nil {
+		return
+	}
+	c.stopFollow()
+	c.stopFollow = c.val.FollowInBackground(c.log)
+}
+
+// stopView stops the holder view for good.
+func (c *Coordinator) stopView() {
+	c.viewMu.Lock()
+	defer c.viewMu.Unlock()
+	c.closed = true
+	if c.stopFollow != nil {
+		c.stopFollow()
+	}
 }
 
 // Etcd is the coordinator's etcd client (closed by Close).
@@ -107,6 +159,9 @@ func (c *Coordinator) Leases() *lease.Manager { return c.mgr }
 
 // Fence is the fence validator.
 func (c *Coordinator) Fence() *fence.Validator { return c.val }
+
+// Epochs is the token epoch keeper.
+func (c *Coordinator) Epochs() *epoch.Keeper { return c.ep }
 
 // GRPC is the gRPC server, with the lock, fence, health and reflection
 // services registered.
@@ -150,14 +205,15 @@ func (c *Coordinator) Drain(ctx context.Context) (cut bool) {
 
 // Close stops what is left, at once, in this order: the lease manager
 // (waiting Acquires end, their queue keys removed), gRPC (in-flight calls
-// cut), the holder view, then the etcd client, which everything before
-// needed. After Drain only the last two have anything to do. Close is
-// idempotent.
+// cut), the epoch keeper's loop, the holder view, then the etcd client,
+// which everything before needed. After Drain only the last three have
+// anything to do. Close is idempotent.
 func (c *Coordinator) Close() {
 	c.closeOnce.Do(func() {
 		c.mgr.Close()
 		c.gs.Stop()
-		c.stopFollow()
+		c.stopEpoch()
+		c.stopView()
 		c.cli.Close()
 	})
 }
@@ -171,6 +227,7 @@ func (c *Coordinator) Crash() {
 		c.cli.Close()
 		c.gs.Stop()
 		c.mgr.Close()
-		c.stopFollow()
+		c.stopEpoch()
+		c.stopView()
 	})
 }

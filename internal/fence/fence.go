@@ -93,6 +93,7 @@ type Validator struct {
 	viewed, readBack atomic.Int64
 	markLimit        int64 // WithMarkLimit
 	creating         creators
+	epochs           Epochs // WithEpochs
 }
 
 // Follow keeps a watch-fed view of every lock's holder until ctx ends, so
@@ -125,7 +126,7 @@ func (v *Validator) FollowInBackground(log *slog.Logger) (stop func()) {
 // internal/keyspace's). Without WithMarkLimit, an identity may create
 // DefaultMarkLimit marks.
 func New(cli *clientv3.Client, ks keyspace.Keyspace, opts ...Option) *Validator {
-	v := &Validator{cli: cli, ks: ks, reads: reads{cli: cli, barrier: ks.Barrier()}, markLimit: DefaultMarkLimit}
+	v := &Validator{cli: cli, ks: ks, reads: reads{cli: cli, barrier: ks.Barrier()}, markLimit: DefaultMarkLimit, epochs: epochZero{}}
 	for _, o := range opts {
 		o(v)
 	}
@@ -204,7 +205,11 @@ func (v *Validator) validate(ctx context.Context, name string, token int64) (Ver
 		}
 		if cur, ok := w.holder(ctx, v.ks.Queue(name), rev); ok {
 			v.viewed.Add(1)
-			return judge(token, cur, 0), nil
+			curTok, err := v.holderToken(ctx, cur, rev)
+			if err != nil {
+				return Verdict{}, err
+			}
+			return judge(token, curTok, 0), nil
 		}
 		v.readBack.Add(1)
 	}
@@ -219,7 +224,11 @@ func (v *Validator) validate(ctx context.Context, name string, token int64) (Ver
 	if len(r.Kvs) > 0 {
 		cur = r.Kvs[0].CreateRevision
 	}
-	return judge(token, cur, 0), nil
+	curTok, err := v.holderToken(ctx, cur, r.Header.Revision)
+	if err != nil {
+		return Verdict{}, err
+	}
+	return judge(token, curTok, 0), nil
 }
 
 // judge is the verdict for token given the holder's token cur (0: free) and
@@ -261,6 +270,9 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 	if kvs := r.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
 		cur, holderKey = kvs[0].CreateRevision, string(kvs[0].Key)
 	}
+	if cur, err = v.holderToken(ctx, cur, r.Header.Revision); err != nil {
+		return Verdict{}, attemptDone, err
+	}
 	var (
 		m      Mark
 		markMR int64 // the mark key's mod revision; 0: no mark yet
@@ -291,9 +303,10 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 	if testHookBeforeAdvance != nil {
 		testHookBeforeAdvance()
 	}
+	rev := revisionOf(token) // token is current: of the current epoch
 	holds := []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(queue), ">", token-1).WithPrefix(),
-		clientv3.Compare(clientv3.CreateRevision(holderKey), "=", token),
+		clientv3.Compare(clientv3.CreateRevision(queue), ">", rev-1).WithPrefix(),
+		clientv3.Compare(clientv3.CreateRevision(holderKey), "=", rev),
 	}
 	if markMR == 0 {
 		return v.createAt(ctx, verdict, holds, Mark{Resource: resource, Token: token, Lock: name, creator: ih})

@@ -41,6 +41,7 @@ type Mark struct {
 // markValue is the stored form of a Mark.
 type markValue struct {
 	Token   int64  `json:"token"`
+	Epoch   int64  `json:"epoch,omitempty"` // the token's epoch (its bits above keyspace.EpochShift), for readers
 	Lock    string `json:"lock"`
 	At      int64  `json:"at"`             // unix ns
 	Creator string `json:"ih,omitempty"`   // hex sha256 of the creating identity
@@ -54,7 +55,8 @@ func (m Mark) encode() string {
 
 // encodeAt is the stored form of m, stamped as updated at.
 func (m Mark) encodeAt(at time.Time) string {
-	v := markValue{Token: m.Token, Lock: m.Lock, At: at.UnixNano(), Creator: m.creator}
+	e, _ := keyspace.SplitToken(m.Token)
+	v := markValue{Token: m.Token, Epoch: e, Lock: m.Lock, At: at.UnixNano(), Creator: m.creator}
 	if !m.idleSince.IsZero() {
 		v.Idle = m.idleSince.UnixNano()
 	}

@@ -20,6 +20,8 @@
 //	<prefix>fence/barrier                  read only: the linearizable barrier (fence)
 //	<prefix>markcounts/<identity>          an identity's count of marks (fence)
 //	<prefix>readyz                         the daemon's readiness probe
+//	<prefix>epoch/current                  the token epoch and its state (epoch)
+//	<prefix>epoch/beacon                   the raft position last seen (epoch)
 //
 // <name> and <resource> are escaped (Escape), <lease> is 16 hex digits,
 // <identity> is IdentityHash. The barrier key shares the marks' range: it is
@@ -119,6 +121,28 @@ func (k Keyspace) Barrier() string { return k.Marks() + "barrier" }
 // MarkCount is the counter of the marks created by the identity whose hash
 // is ih: outside the marks' range, so that listing marks never sees it.
 func (k Keyspace) MarkCount(ih string) string { return k.prefix + "markcounts/" + ih }
+
+// Epoch is the key of the current token epoch (internal/epoch).
+func (k Keyspace) Epoch() string { return k.prefix + "epoch/current" }
+
+// EpochBeacon is the key where coordinators record the raft index and term
+// they saw, so that a restore, which restarts them small, shows.
+func (k Keyspace) EpochBeacon() string { return k.prefix + "epoch/beacon" }
+
+// Sessions is the prefix of every session's keys.
+func (k Keyspace) Sessions() string { return k.prefix + "sessions/" }
+
+// Requests is the prefix of every idempotency record.
+func (k Keyspace) Requests() string { return k.prefix + "requests/" }
+
+// Delays is the prefix of every lock-delay key.
+func (k Keyspace) Delays() string { return k.prefix + "delay/" }
+
+// Slots is the prefix of every lock's waiter slots.
+func (k Keyspace) Slots() string { return k.prefix + "slots/" }
+
+// AllOwners is the prefix of every identity's lock slots.
+func (k Keyspace) AllOwners() string { return k.prefix + "owners/" }
 
 // Readyz is the key the daemon's readiness probe reads.
 func (k Keyspace) Readyz() string { return k.prefix + "readyz" }

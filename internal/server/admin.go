@@ -9,7 +9,14 @@ import (
 // ForceRelease implements coordinatorv1.LockServiceServer (admins only, see
 // AdminOnly).
 func (s *LockService) ForceRelease(ctx context.Context, req *coordinatorv1.ForceReleaseRequest) (*coordinatorv1.ForceReleaseResponse, error) {
-	ok, err := s.leases.ForceRelease(ctx, req.GetName(), req.GetToken())
+	rev, current, err := s.revisionOf(ctx, req.GetToken())
+	if err != nil {
+		return nil, s.fail(ctx, "ForceRelease", err)
+	}
+	if !current {
+		return &coordinatorv1.ForceReleaseResponse{Released: false}, nil
+	}
+	ok, err := s.leases.ForceRelease(ctx, req.GetName(), rev)
 	if err != nil {
 		return nil, s.fail(ctx, "ForceRelease", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/coordinatord/coordinatord/internal/authz"
+	"github.com/coordinatord/coordinatord/internal/epoch"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
@@ -85,6 +86,8 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 			retryAfter(retryLocks), quota(identitySubject(ctx), "locks held or waited for by this identity (--max-locks-per-identity)"))
 	case errors.Is(err, lease.ErrCompacted):
 		return withReason(codes.OutOfRange, err.Error(), "REVISION_COMPACTED", nil)
+	case errors.Is(err, epoch.ErrPaused):
+		return withReason(codes.Unavailable, err.Error(), "EPOCH_PAUSED", nil, retryAfter(retryEtcd))
 	case errors.Is(err, lease.ErrShuttingDown):
 		return withReason(codes.Unavailable, err.Error()+"; safe to retry", "SHUTTING_DOWN", nil, retryAfter(retryShutdown))
 	case errors.Is(err, lease.ErrUnavailable):

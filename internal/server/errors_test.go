@@ -26,7 +26,9 @@ import (
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/authz"
+	"github.com/coordinatord/coordinatord/internal/epoch"
 	"github.com/coordinatord/coordinatord/internal/fence"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
 
@@ -77,6 +79,8 @@ func TestErrorContract(t *testing.T) {
 		// lease: bad input, and the outcomes of an acquisition.
 		{name: "lease.FieldError", st: mapped(&lease.FieldError{Field: "ttl", Reason: "must be at least 1s"}), code: codes.InvalidArgument,
 			reason: "INVALID_FIELD", metadata: map[string]string{"field": "ttl"}, field: "ttl"},
+		{name: "keyspace.FieldError", st: mapped(&keyspace.FieldError{Field: "token", Reason: "must be positive"}), code: codes.InvalidArgument,
+			reason: "INVALID_FIELD", metadata: map[string]string{"field": "token"}, field: "token"},
 		{name: "lease.NotGrantedError", st: mapped(&lease.NotGrantedError{Name: "l", HolderToken: 7}), code: codes.Aborted,
 			reason: "LOCK_HELD", metadata: map[string]string{"holderToken": "7"}},
 		{name: "lease.ErrNotGranted", st: mapped(fmt.Errorf("wrapped: %w", &lease.NotGrantedError{Name: "l"})), code: codes.Aborted,
@@ -106,6 +110,9 @@ func TestErrorContract(t *testing.T) {
 		{name: "lease.ErrShuttingDown", st: mapped(lease.ErrShuttingDown), code: codes.Unavailable, reason: "SHUTTING_DOWN", retry: retryShutdown},
 		{name: "lease.ErrUnavailable", st: mapped(fmt.Errorf("%w: lease: join: etcdserver: no leader", lease.ErrUnavailable)), code: codes.Unavailable,
 			reason: "ETCD_UNAVAILABLE", retry: retryEtcd},
+		{name: "epoch.ErrPaused", st: mapped(epoch.ErrPaused), code: codes.Unavailable, reason: "EPOCH_PAUSED", retry: retryEtcd},
+		{name: "epoch.PausedError", st: mapped(fmt.Errorf("validate: %w", &epoch.PausedError{Reason: "etcd was restored"})), code: codes.Unavailable,
+			reason: "EPOCH_PAUSED", retry: retryEtcd},
 
 		// fence: marks.
 		{name: "fence.ErrNoMark", st: mapped(fence.ErrNoMark), code: codes.NotFound, reason: "NO_MARK"},

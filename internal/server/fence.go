@@ -23,6 +23,9 @@ func (s *LockService) ValidateToken(ctx context.Context, req *coordinatorv1.Vali
 	if id, ok := authz.FromContext(ctx); ok {
 		opts = append(opts, fence.AsIdentity(id)) // the cap on marks counts per identity
 	}
+	if _, err := s.epoch(ctx); err != nil { // nothing is validated while the epoch is paused
+		return nil, s.fail(ctx, "ValidateToken", err)
+	}
 	v, err := s.fence.Validate(ctx, req.GetName(), req.GetToken(), req.GetResource(), opts...)
 	if err != nil {
 		return nil, s.fail(ctx, "ValidateToken", err)
@@ -34,13 +37,14 @@ func (s *LockService) ValidateToken(ctx context.Context, req *coordinatorv1.Vali
 // of the per-resource high-water marks, and admins' deletion and rebinding.
 type FenceService struct {
 	coordinatorv1.UnimplementedFenceServiceServer
-	fence *fence.Validator
-	log   *slog.Logger
+	fence  *fence.Validator
+	log    *slog.Logger
+	epochs Epochs
 }
 
 // FenceService returns the mark handlers over the same validator as s.
 func (s *LockService) FenceService() *FenceService {
-	return &FenceService{fence: s.fence, log: s.log}
+	return &FenceService{fence: s.fence, log: s.log, epochs: s.epochs}
 }
 
 func markPB(m *fence.Mark) *coordinatorv1.Mark {
@@ -77,6 +81,13 @@ func (s *FenceService) DeleteMark(ctx context.Context, req *coordinatorv1.Delete
 		return nil, toStatus(ctx, s.log, "DeleteMark", err)
 	}
 	return &coordinatorv1.DeleteMarkResponse{Mark: markPB(m)}, nil
+}
+
+// GetEpoch implements coordinatorv1.FenceServiceServer (it names no lock:
+// with authorization, admins only).
+func (s *FenceService) GetEpoch(context.Context, *coordinatorv1.GetEpochRequest) (*coordinatorv1.GetEpochResponse, error) {
+	st := s.epochs.Status()
+	return &coordinatorv1.GetEpochResponse{Epoch: st.Epoch, Floor: st.Floor, Paused: st.Paused}, nil
 }
 
 // RebindMark implements coordinatorv1.FenceServiceServer (admins only, see

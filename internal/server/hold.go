@@ -7,6 +7,7 @@ import (
 	"time"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
 
@@ -63,6 +64,8 @@ type hold struct {
 	s       *LockService
 	stream  coordinatorv1.LockService_HoldServer
 	g       *lease.Grant
+	token   int64              // g's wire token
+	epoch   int64              // the token epoch g was granted in
 	release bool               // release_on_disconnect
 	as      []lease.CallOption // the stream's caller
 }
@@ -82,7 +85,7 @@ func (s *LockService) grantHold(ctx context.Context, stream coordinatorv1.LockSe
 	if err := h.obtain(ctx, first); err != nil {
 		return nil, err
 	}
-	if err := stream.Send(&coordinatorv1.HoldResponse{Event: &coordinatorv1.HoldResponse_Granted{Granted: grantPB(h.g)}}); err != nil {
+	if err := stream.Send(&coordinatorv1.HoldResponse{Event: &coordinatorv1.HoldResponse_Granted{Granted: grantPB(h.g, h.token)}}); err != nil {
 		h.disconnected()
 		return nil, streamErr(err)
 	}
@@ -98,15 +101,26 @@ func (h *hold) obtain(ctx context.Context, first *coordinatorv1.HoldRequest) err
 		if req == nil {
 			return &lease.FieldError{Field: "acquire.request", Reason: "must be set"}
 		}
-		h.g, err = h.s.acquire(ctx, req)
+		h.g, h.token, err = h.s.acquire(ctx, req)
 		h.release = k.Acquire.GetReleaseOnDisconnect()
 	case *coordinatorv1.HoldRequest_Resume:
 		r := k.Resume
-		h.g, err = h.s.leases.Resume(ctx, r.GetName(), r.GetToken(), r.GetHandle(), h.as...)
-		h.release = r.GetReleaseOnDisconnect()
+		rev, current, err := h.s.revisionOf(ctx, r.GetToken())
+		if err == nil && !current {
+			err = lease.ErrNotHeld
+		}
+		if err != nil {
+			return err
+		}
+		h.g, err = h.s.leases.Resume(ctx, r.GetName(), rev, r.GetHandle(), h.as...)
+		h.token, h.release = r.GetToken(), r.GetReleaseOnDisconnect()
+		if err != nil {
+			return err
+		}
 	default:
 		return &lease.FieldError{Field: "kind", Reason: "the first message must be acquire or resume"}
 	}
+	h.epoch, _ = keyspace.SplitToken(h.token)
 	return err
 }
 
@@ -161,6 +175,11 @@ func (h *hold) serve(ctx context.Context, in holdInbox) error {
 // watcher a second to say how it ended (put back on ended for the caller's
 // loop to report).
 func (h *hold) heartbeat(ctx context.Context, ended chan lease.EndReason) (done bool, err error) {
+	if e, err := h.s.epoch(ctx); err != nil {
+		return true, err
+	} else if e != h.epoch {
+		return true, h.lost(coordinatorv1.HoldLost_REASON_EXPIRED, "etcd was restored from a backup and the token epoch raised: the grant ended; acquire again")
+	}
 	r, err := h.s.leases.KeepAlive(ctx, h.g.Name, h.g.Token, h.g.Handle, h.as...)
 	switch {
 	case errors.Is(err, lease.ErrMaxHold):
@@ -184,9 +203,15 @@ func (h *hold) heartbeat(ctx context.Context, ended chan lease.EndReason) (done 
 
 // releaseNow releases the grant as the client asked and answers Released.
 func (h *hold) releaseNow(ctx context.Context) error {
-	ok, err := h.s.leases.Release(ctx, h.g.Name, h.g.Token, h.g.Handle, h.as...)
+	e, err := h.s.epoch(ctx)
 	if err != nil {
 		return err
+	}
+	ok := false
+	if e == h.epoch {
+		if ok, err = h.s.leases.Release(ctx, h.g.Name, h.g.Token, h.g.Handle, h.as...); err != nil {
+			return err
+		}
 	}
 	return streamErr(h.stream.Send(&coordinatorv1.HoldResponse{Event: &coordinatorv1.HoldResponse_Released{Released: &coordinatorv1.ReleaseResponse{Released: ok}}}))
 }
@@ -204,7 +229,7 @@ func lostReason(r lease.EndReason) (coordinatorv1.HoldLost_Reason, string) {
 
 // lost tells the client that the grant ended (the stream's last event).
 func (h *hold) lost(reason coordinatorv1.HoldLost_Reason, msg string) error {
-	return streamErr(h.stream.Send(&coordinatorv1.HoldResponse{Event: &coordinatorv1.HoldResponse_Lost{Lost: &coordinatorv1.HoldLost{Reason: reason, Token: h.g.Token, Message: msg}}}))
+	return streamErr(h.stream.Send(&coordinatorv1.HoldResponse{Event: &coordinatorv1.HoldResponse_Lost{Lost: &coordinatorv1.HoldLost{Reason: reason, Token: h.token, Message: msg}}}))
 }
 
 // disconnected releases the grant of a broken stream if the client asked,

@@ -30,14 +30,19 @@ type LockService struct {
 	leases *lease.Manager
 	fence  *fence.Validator
 	log    *slog.Logger
+	epochs Epochs // WithEpochs
 }
 
 // NewLockService returns the handlers over the given domain services.
-func NewLockService(l *lease.Manager, f *fence.Validator, log *slog.Logger) *LockService {
+func NewLockService(l *lease.Manager, f *fence.Validator, log *slog.Logger, opts ...ServiceOption) *LockService {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &LockService{leases: l, fence: f, log: log}
+	s := &LockService{leases: l, fence: f, log: log, epochs: epochZero{}}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 func (s *LockService) fail(ctx context.Context, method string, err error) error {
@@ -63,20 +68,21 @@ func timestamp(t time.Time) *timestamppb.Timestamp {
 	return timestamppb.New(t)
 }
 
-func holderPB(h *lease.Holder) *coordinatorv1.Holder {
+// holderPB is a holder on the wire, its token in epoch.
+func holderPB(h *lease.Holder, epoch int64) *coordinatorv1.Holder {
 	return &coordinatorv1.Holder{
 		Name:       h.Name,
-		Token:      h.Token,
+		Token:      wireToken(epoch, h.Token),
 		Owner:      h.Owner,
 		AcquiredAt: timestamp(h.AcquiredAt),
 		ExpiresAt:  timestamp(h.ExpiresAt),
 	}
 }
 
-func holdersPB(hs []lease.Holder) []*coordinatorv1.Holder {
+func holdersPB(hs []lease.Holder, epoch int64) []*coordinatorv1.Holder {
 	var out []*coordinatorv1.Holder
 	for i := range hs {
-		out = append(out, holderPB(&hs[i]))
+		out = append(out, holderPB(&hs[i], epoch))
 	}
 	return out
 }

@@ -40,19 +40,27 @@ func sessionTTL(req *coordinatorv1.OpenSessionRequest) (time.Duration, error) {
 
 // KeepAliveSession implements coordinatorv1.LockServiceServer.
 func (s *LockService) KeepAliveSession(ctx context.Context, req *coordinatorv1.KeepAliveSessionRequest) (*coordinatorv1.KeepAliveSessionResponse, error) {
+	e, err := s.epoch(ctx)
+	if err != nil {
+		return nil, s.fail(ctx, "KeepAliveSession", err)
+	}
 	r, hs, err := s.leases.KeepAliveSession(ctx, req.GetHandle(), callOptions(ctx)...)
 	if err != nil {
 		return nil, s.fail(ctx, "KeepAliveSession", err)
 	}
 	return &coordinatorv1.KeepAliveSessionResponse{Ttl: durationpb.New(r.TTL), ExpiresAt: timestamp(r.ExpiresAt), SafeUntil: timestamp(r.SafeUntil),
-		Holders: holdersPB(hs)}, nil
+		Holders: holdersPB(hs, e)}, nil
 }
 
 // CloseSession implements coordinatorv1.LockServiceServer.
 func (s *LockService) CloseSession(ctx context.Context, req *coordinatorv1.CloseSessionRequest) (*coordinatorv1.CloseSessionResponse, error) {
+	e, err := s.epoch(ctx)
+	if err != nil {
+		return nil, s.fail(ctx, "CloseSession", err)
+	}
 	ok, hs, err := s.leases.CloseSession(ctx, req.GetHandle(), callOptions(ctx)...)
 	if err != nil {
 		return nil, s.fail(ctx, "CloseSession", err)
 	}
-	return &coordinatorv1.CloseSessionResponse{Closed: ok, Released: holdersPB(hs)}, nil
+	return &coordinatorv1.CloseSessionResponse{Closed: ok, Released: holdersPB(hs, e)}, nil
 }

@@ -17,15 +17,19 @@ var watchKinds = map[lease.EventKind]coordinatorv1.WatchResponse_Kind{
 func (s *LockService) Watch(req *coordinatorv1.WatchRequest, stream coordinatorv1.LockService_WatchServer) error {
 	ctx := stream.Context()
 	err := s.leases.Watch(ctx, req.GetName(), req.GetStartRevision(), func(ev lease.Event) error {
-		return streamErr(stream.Send(watchEventPB(ev)))
+		e, err := s.epoch(ctx)
+		if err != nil {
+			return err
+		}
+		return streamErr(stream.Send(watchEventPB(ev, e)))
 	})
 	return s.fail(ctx, "Watch", err)
 }
 
-func watchEventPB(ev lease.Event) *coordinatorv1.WatchResponse {
+func watchEventPB(ev lease.Event, epoch int64) *coordinatorv1.WatchResponse {
 	resp := &coordinatorv1.WatchResponse{Kind: watchKinds[ev.Kind], Revision: ev.Revision}
 	if ev.Holder != nil {
-		resp.Holder = &coordinatorv1.Holder{Name: ev.Holder.Name, Token: ev.Holder.Token, Owner: ev.Holder.Owner}
+		resp.Holder = &coordinatorv1.Holder{Name: ev.Holder.Name, Token: wireToken(epoch, ev.Holder.Token), Owner: ev.Holder.Owner}
 	}
 	return resp
 }

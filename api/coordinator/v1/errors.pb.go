@@ -138,6 +138,12 @@ const (
 	// PERMISSION_DENIED: the identity (metadata["identity"]) authenticated
 	// but the authorization policy does not name it.
 	ErrorReason_ERROR_REASON_IDENTITY_NOT_IN_POLICY ErrorReason = 30
+	// UNAVAILABLE: granting and validating are paused on this replica
+	// because etcd was restored from a backup (or the replica could not yet
+	// check that it was not); the replica raises the token epoch, after
+	// which every token issued before the restore is invalid and every new
+	// token is greater than all of them. Retry (with the same request_id).
+	ErrorReason_ERROR_REASON_EPOCH_PAUSED ErrorReason = 80
 )
 
 // Enum value maps for ErrorReason.
@@ -174,6 +180,7 @@ var (
 		28: "ERROR_REASON_INTERNAL",
 		29: "ERROR_REASON_ADMIN_ONLY",
 		30: "ERROR_REASON_IDENTITY_NOT_IN_POLICY",
+		80: "ERROR_REASON_EPOCH_PAUSED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                 0,
@@ -207,6 +214,7 @@ var (
 		"ERROR_REASON_INTERNAL":                    28,
 		"ERROR_REASON_ADMIN_ONLY":                  29,
 		"ERROR_REASON_IDENTITY_NOT_IN_POLICY":      30,
+		"ERROR_REASON_EPOCH_PAUSED":                80,
 	}
 )
 
@@ -241,7 +249,7 @@ var File_coordinator_v1_errors_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\xa7\b\n" +
+	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\xc6\b\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ERROR_REASON_LOCK_HELD\x10\x01\x12\x1e\n" +
@@ -274,7 +282,8 @@ const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"\x1dERROR_REASON_ETCD_UNAVAILABLE\x10\x1b\x12\x19\n" +
 	"\x15ERROR_REASON_INTERNAL\x10\x1c\x12\x1b\n" +
 	"\x17ERROR_REASON_ADMIN_ONLY\x10\x1d\x12'\n" +
-	"#ERROR_REASON_IDENTITY_NOT_IN_POLICY\x10\x1eBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
+	"#ERROR_REASON_IDENTITY_NOT_IN_POLICY\x10\x1e\x12\x1d\n" +
+	"\x19ERROR_REASON_EPOCH_PAUSED\x10PBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
 
 var (
 	file_coordinator_v1_errors_proto_rawDescOnce sync.Once

@@ -22,6 +22,110 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// GetEpochRequest asks for the token epoch.
+type GetEpochRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetEpochRequest) Reset() {
+	*x = GetEpochRequest{}
+	mi := &file_coordinator_v1_fence_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetEpochRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetEpochRequest) ProtoMessage() {}
+
+func (x *GetEpochRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_fence_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetEpochRequest.ProtoReflect.Descriptor instead.
+func (*GetEpochRequest) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{0}
+}
+
+// GetEpochResponse is this replica's token epoch.
+type GetEpochResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The current epoch: 0 until the first restore of etcd was detected.
+	Epoch int64 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The smallest token of the epoch (epoch * 2^48): every token below it
+	// was issued before a restore and is never valid again.
+	Floor int64 `protobuf:"varint,2,opt,name=floor,proto3" json:"floor,omitempty"`
+	// Why this replica grants and validates nothing for now (it has not
+	// checked etcd's history recently, or it is raising the epoch after a
+	// restore); empty while it serves.
+	Paused        string `protobuf:"bytes,3,opt,name=paused,proto3" json:"paused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetEpochResponse) Reset() {
+	*x = GetEpochResponse{}
+	mi := &file_coordinator_v1_fence_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetEpochResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetEpochResponse) ProtoMessage() {}
+
+func (x *GetEpochResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_coordinator_v1_fence_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetEpochResponse.ProtoReflect.Descriptor instead.
+func (*GetEpochResponse) Descriptor() ([]byte, []int) {
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *GetEpochResponse) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *GetEpochResponse) GetFloor() int64 {
+	if x != nil {
+		return x.Floor
+	}
+	return 0
+}
+
+func (x *GetEpochResponse) GetPaused() string {
+	if x != nil {
+		return x.Paused
+	}
+	return ""
+}
+
 // Mark is a resource's high-water mark.
 type Mark struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -42,7 +146,7 @@ type Mark struct {
 
 func (x *Mark) Reset() {
 	*x = Mark{}
-	mi := &file_coordinator_v1_fence_proto_msgTypes[0]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -54,7 +158,7 @@ func (x *Mark) String() string {
 func (*Mark) ProtoMessage() {}
 
 func (x *Mark) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_v1_fence_proto_msgTypes[0]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -67,7 +171,7 @@ func (x *Mark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Mark.ProtoReflect.Descriptor instead.
 func (*Mark) Descriptor() ([]byte, []int) {
-	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{0}
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Mark) GetResource() string {
@@ -109,7 +213,7 @@ type GetMarkRequest struct {
 
 func (x *GetMarkRequest) Reset() {
 	*x = GetMarkRequest{}
-	mi := &file_coordinator_v1_fence_proto_msgTypes[1]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -121,7 +225,7 @@ func (x *GetMarkRequest) String() string {
 func (*GetMarkRequest) ProtoMessage() {}
 
 func (x *GetMarkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_v1_fence_proto_msgTypes[1]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -134,7 +238,7 @@ func (x *GetMarkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMarkRequest.ProtoReflect.Descriptor instead.
 func (*GetMarkRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{1}
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *GetMarkRequest) GetResource() string {
@@ -155,7 +259,7 @@ type GetMarkResponse struct {
 
 func (x *GetMarkResponse) Reset() {
 	*x = GetMarkResponse{}
-	mi := &file_coordinator_v1_fence_proto_msgTypes[2]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -167,7 +271,7 @@ func (x *GetMarkResponse) String() string {
 func (*GetMarkResponse) ProtoMessage() {}
 
 func (x *GetMarkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_v1_fence_proto_msgTypes[2]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -180,7 +284,7 @@ func (x *GetMarkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMarkResponse.ProtoReflect.Descriptor instead.
 func (*GetMarkResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{2}
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetMarkResponse) GetMark() *Mark {
@@ -208,7 +312,7 @@ type ListMarksRequest struct {
 
 func (x *ListMarksRequest) Reset() {
 	*x = ListMarksRequest{}
-	mi := &file_coordinator_v1_fence_proto_msgTypes[3]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +324,7 @@ func (x *ListMarksRequest) String() string {
 func (*ListMarksRequest) ProtoMessage() {}
 
 func (x *ListMarksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_v1_fence_proto_msgTypes[3]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +337,7 @@ func (x *ListMarksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMarksRequest.ProtoReflect.Descriptor instead.
 func (*ListMarksRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{3}
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListMarksRequest) GetPrefix() string {
@@ -270,7 +374,7 @@ type ListMarksResponse struct {
 
 func (x *ListMarksResponse) Reset() {
 	*x = ListMarksResponse{}
-	mi := &file_coordinator_v1_fence_proto_msgTypes[4]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -282,7 +386,7 @@ func (x *ListMarksResponse) String() string {
 func (*ListMarksResponse) ProtoMessage() {}
 
 func (x *ListMarksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_v1_fence_proto_msgTypes[4]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -295,7 +399,7 @@ func (x *ListMarksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMarksResponse.ProtoReflect.Descriptor instead.
 func (*ListMarksResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{4}
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListMarksResponse) GetMarks() []*Mark {
@@ -323,7 +427,7 @@ type DeleteMarkRequest struct {
 
 func (x *DeleteMarkRequest) Reset() {
 	*x = DeleteMarkRequest{}
-	mi := &file_coordinator_v1_fence_proto_msgTypes[5]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -335,7 +439,7 @@ func (x *DeleteMarkRequest) String() string {
 func (*DeleteMarkRequest) ProtoMessage() {}
 
 func (x *DeleteMarkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_v1_fence_proto_msgTypes[5]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -348,7 +452,7 @@ func (x *DeleteMarkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteMarkRequest.ProtoReflect.Descriptor instead.
 func (*DeleteMarkRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{5}
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteMarkRequest) GetResource() string {
@@ -369,7 +473,7 @@ type DeleteMarkResponse struct {
 
 func (x *DeleteMarkResponse) Reset() {
 	*x = DeleteMarkResponse{}
-	mi := &file_coordinator_v1_fence_proto_msgTypes[6]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -381,7 +485,7 @@ func (x *DeleteMarkResponse) String() string {
 func (*DeleteMarkResponse) ProtoMessage() {}
 
 func (x *DeleteMarkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_v1_fence_proto_msgTypes[6]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -394,7 +498,7 @@ func (x *DeleteMarkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteMarkResponse.ProtoReflect.Descriptor instead.
 func (*DeleteMarkResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{6}
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeleteMarkResponse) GetMark() *Mark {
@@ -418,7 +522,7 @@ type RebindMarkRequest struct {
 
 func (x *RebindMarkRequest) Reset() {
 	*x = RebindMarkRequest{}
-	mi := &file_coordinator_v1_fence_proto_msgTypes[7]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -430,7 +534,7 @@ func (x *RebindMarkRequest) String() string {
 func (*RebindMarkRequest) ProtoMessage() {}
 
 func (x *RebindMarkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_v1_fence_proto_msgTypes[7]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -443,7 +547,7 @@ func (x *RebindMarkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebindMarkRequest.ProtoReflect.Descriptor instead.
 func (*RebindMarkRequest) Descriptor() ([]byte, []int) {
-	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{7}
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RebindMarkRequest) GetResource() string {
@@ -471,7 +575,7 @@ type RebindMarkResponse struct {
 
 func (x *RebindMarkResponse) Reset() {
 	*x = RebindMarkResponse{}
-	mi := &file_coordinator_v1_fence_proto_msgTypes[8]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +587,7 @@ func (x *RebindMarkResponse) String() string {
 func (*RebindMarkResponse) ProtoMessage() {}
 
 func (x *RebindMarkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_coordinator_v1_fence_proto_msgTypes[8]
+	mi := &file_coordinator_v1_fence_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +600,7 @@ func (x *RebindMarkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RebindMarkResponse.ProtoReflect.Descriptor instead.
 func (*RebindMarkResponse) Descriptor() ([]byte, []int) {
-	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{8}
+	return file_coordinator_v1_fence_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RebindMarkResponse) GetMark() *Mark {
@@ -510,7 +614,12 @@ var File_coordinator_v1_fence_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_fence_proto_rawDesc = "" +
 	"\n" +
-	"\x1acoordinator/v1/fence.proto\x12\x0ecoordinator.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x87\x01\n" +
+	"\x1acoordinator/v1/fence.proto\x12\x0ecoordinator.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x11\n" +
+	"\x0fGetEpochRequest\"V\n" +
+	"\x10GetEpochResponse\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x14\n" +
+	"\x05floor\x18\x02 \x01(\x03R\x05floor\x12\x16\n" +
+	"\x06paused\x18\x03 \x01(\tR\x06paused\"\x87\x01\n" +
 	"\x04Mark\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x03R\x05token\x12\x12\n" +
@@ -537,14 +646,15 @@ const file_coordinator_v1_fence_proto_rawDesc = "" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x12\n" +
 	"\x04lock\x18\x02 \x01(\tR\x04lock\">\n" +
 	"\x12RebindMarkResponse\x12(\n" +
-	"\x04mark\x18\x01 \x01(\v2\x14.coordinator.v1.MarkR\x04mark2\xd6\x02\n" +
+	"\x04mark\x18\x01 \x01(\v2\x14.coordinator.v1.MarkR\x04mark2\xa5\x03\n" +
 	"\fFenceService\x12J\n" +
 	"\aGetMark\x12\x1e.coordinator.v1.GetMarkRequest\x1a\x1f.coordinator.v1.GetMarkResponse\x12P\n" +
 	"\tListMarks\x12 .coordinator.v1.ListMarksRequest\x1a!.coordinator.v1.ListMarksResponse\x12S\n" +
 	"\n" +
 	"DeleteMark\x12!.coordinator.v1.DeleteMarkRequest\x1a\".coordinator.v1.DeleteMarkResponse\x12S\n" +
 	"\n" +
-	"RebindMark\x12!.coordinator.v1.RebindMarkRequest\x1a\".coordinator.v1.RebindMarkResponseBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
+	"RebindMark\x12!.coordinator.v1.RebindMarkRequest\x1a\".coordinator.v1.RebindMarkResponse\x12M\n" +
+	"\bGetEpoch\x12\x1f.coordinator.v1.GetEpochRequest\x1a .coordinator.v1.GetEpochResponseBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
 
 var (
 	file_coordinator_v1_fence_proto_rawDescOnce sync.Once
@@ -558,38 +668,42 @@ func file_coordinator_v1_fence_proto_rawDescGZIP() []byte {
 	return file_coordinator_v1_fence_proto_rawDescData
 }
 
-var file_coordinator_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_coordinator_v1_fence_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_coordinator_v1_fence_proto_goTypes = []any{
-	(*Mark)(nil),                  // 0: coordinator.v1.Mark
-	(*GetMarkRequest)(nil),        // 1: coordinator.v1.GetMarkRequest
-	(*GetMarkResponse)(nil),       // 2: coordinator.v1.GetMarkResponse
-	(*ListMarksRequest)(nil),      // 3: coordinator.v1.ListMarksRequest
-	(*ListMarksResponse)(nil),     // 4: coordinator.v1.ListMarksResponse
-	(*DeleteMarkRequest)(nil),     // 5: coordinator.v1.DeleteMarkRequest
-	(*DeleteMarkResponse)(nil),    // 6: coordinator.v1.DeleteMarkResponse
-	(*RebindMarkRequest)(nil),     // 7: coordinator.v1.RebindMarkRequest
-	(*RebindMarkResponse)(nil),    // 8: coordinator.v1.RebindMarkResponse
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*GetEpochRequest)(nil),       // 0: coordinator.v1.GetEpochRequest
+	(*GetEpochResponse)(nil),      // 1: coordinator.v1.GetEpochResponse
+	(*Mark)(nil),                  // 2: coordinator.v1.Mark
+	(*GetMarkRequest)(nil),        // 3: coordinator.v1.GetMarkRequest
+	(*GetMarkResponse)(nil),       // 4: coordinator.v1.GetMarkResponse
+	(*ListMarksRequest)(nil),      // 5: coordinator.v1.ListMarksRequest
+	(*ListMarksResponse)(nil),     // 6: coordinator.v1.ListMarksResponse
+	(*DeleteMarkRequest)(nil),     // 7: coordinator.v1.DeleteMarkRequest
+	(*DeleteMarkResponse)(nil),    // 8: coordinator.v1.DeleteMarkResponse
+	(*RebindMarkRequest)(nil),     // 9: coordinator.v1.RebindMarkRequest
+	(*RebindMarkResponse)(nil),    // 10: coordinator.v1.RebindMarkResponse
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_coordinator_v1_fence_proto_depIdxs = []int32{
-	9, // 0: coordinator.v1.Mark.updated_at:type_name -> google.protobuf.Timestamp
-	0, // 1: coordinator.v1.GetMarkResponse.mark:type_name -> coordinator.v1.Mark
-	0, // 2: coordinator.v1.ListMarksResponse.marks:type_name -> coordinator.v1.Mark
-	0, // 3: coordinator.v1.DeleteMarkResponse.mark:type_name -> coordinator.v1.Mark
-	0, // 4: coordinator.v1.RebindMarkResponse.mark:type_name -> coordinator.v1.Mark
-	1, // 5: coordinator.v1.FenceService.GetMark:input_type -> coordinator.v1.GetMarkRequest
-	3, // 6: coordinator.v1.FenceService.ListMarks:input_type -> coordinator.v1.ListMarksRequest
-	5, // 7: coordinator.v1.FenceService.DeleteMark:input_type -> coordinator.v1.DeleteMarkRequest
-	7, // 8: coordinator.v1.FenceService.RebindMark:input_type -> coordinator.v1.RebindMarkRequest
-	2, // 9: coordinator.v1.FenceService.GetMark:output_type -> coordinator.v1.GetMarkResponse
-	4, // 10: coordinator.v1.FenceService.ListMarks:output_type -> coordinator.v1.ListMarksResponse
-	6, // 11: coordinator.v1.FenceService.DeleteMark:output_type -> coordinator.v1.DeleteMarkResponse
-	8, // 12: coordinator.v1.FenceService.RebindMark:output_type -> coordinator.v1.RebindMarkResponse
-	9, // [9:13] is the sub-list for method output_type
-	5, // [5:9] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	11, // 0: coordinator.v1.Mark.updated_at:type_name -> google.protobuf.Timestamp
+	2,  // 1: coordinator.v1.GetMarkResponse.mark:type_name -> coordinator.v1.Mark
+	2,  // 2: coordinator.v1.ListMarksResponse.marks:type_name -> coordinator.v1.Mark
+	2,  // 3: coordinator.v1.DeleteMarkResponse.mark:type_name -> coordinator.v1.Mark
+	2,  // 4: coordinator.v1.RebindMarkResponse.mark:type_name -> coordinator.v1.Mark
+	3,  // 5: coordinator.v1.FenceService.GetMark:input_type -> coordinator.v1.GetMarkRequest
+	5,  // 6: coordinator.v1.FenceService.ListMarks:input_type -> coordinator.v1.ListMarksRequest
+	7,  // 7: coordinator.v1.FenceService.DeleteMark:input_type -> coordinator.v1.DeleteMarkRequest
+	9,  // 8: coordinator.v1.FenceService.RebindMark:input_type -> coordinator.v1.RebindMarkRequest
+	0,  // 9: coordinator.v1.FenceService.GetEpoch:input_type -> coordinator.v1.GetEpochRequest
+	4,  // 10: coordinator.v1.FenceService.GetMark:output_type -> coordinator.v1.GetMarkResponse
+	6,  // 11: coordinator.v1.FenceService.ListMarks:output_type -> coordinator.v1.ListMarksResponse
+	8,  // 12: coordinator.v1.FenceService.DeleteMark:output_type -> coordinator.v1.DeleteMarkResponse
+	10, // 13: coordinator.v1.FenceService.RebindMark:output_type -> coordinator.v1.RebindMarkResponse
+	1,  // 14: coordinator.v1.FenceService.GetEpoch:output_type -> coordinator.v1.GetEpochResponse
+	10, // [10:15] is the sub-list for method output_type
+	5,  // [5:10] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_v1_fence_proto_init() }
@@ -603,7 +717,7 @@ func file_coordinator_v1_fence_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_v1_fence_proto_rawDesc), len(file_coordinator_v1_fence_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

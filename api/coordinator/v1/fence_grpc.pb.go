@@ -23,6 +23,7 @@ const (
 	FenceService_ListMarks_FullMethodName  = "/coordinator.v1.FenceService/ListMarks"
 	FenceService_DeleteMark_FullMethodName = "/coordinator.v1.FenceService/DeleteMark"
 	FenceService_RebindMark_FullMethodName = "/coordinator.v1.FenceService/RebindMark"
+	FenceService_GetEpoch_FullMethodName   = "/coordinator.v1.FenceService/GetEpoch"
 )
 
 // FenceServiceClient is the client API for FenceService service.
@@ -121,6 +122,12 @@ type FenceServiceClient interface {
 	// job renamed its lock). The token is kept, so a token below it is still
 	// refused; from then on only `lock`'s tokens raise it.
 	RebindMark(ctx context.Context, in *RebindMarkRequest, opts ...grpc.CallOption) (*RebindMarkResponse, error)
+	// GetEpoch returns the token epoch this replica grants and validates in,
+	// for operators (it names no lock: with authorization, admins only).
+	// Tokens are epoch * 2^48 + etcd create revision; the epoch is raised
+	// when the replicas detect that etcd was restored from a backup, and
+	// every token below the floor is never valid again.
+	GetEpoch(ctx context.Context, in *GetEpochRequest, opts ...grpc.CallOption) (*GetEpochResponse, error)
 }
 
 type fenceServiceClient struct {
@@ -165,6 +172,16 @@ func (c *fenceServiceClient) RebindMark(ctx context.Context, in *RebindMarkReque
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RebindMarkResponse)
 	err := c.cc.Invoke(ctx, FenceService_RebindMark_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *fenceServiceClient) GetEpoch(ctx context.Context, in *GetEpochRequest, opts ...grpc.CallOption) (*GetEpochResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetEpochResponse)
+	err := c.cc.Invoke(ctx, FenceService_GetEpoch_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -267,6 +284,12 @@ type FenceServiceServer interface {
 	// job renamed its lock). The token is kept, so a token below it is still
 	// refused; from then on only `lock`'s tokens raise it.
 	RebindMark(context.Context, *RebindMarkRequest) (*RebindMarkResponse, error)
+	// GetEpoch returns the token epoch this replica grants and validates in,
+	// for operators (it names no lock: with authorization, admins only).
+	// Tokens are epoch * 2^48 + etcd create revision; the epoch is raised
+	// when the replicas detect that etcd was restored from a backup, and
+	// every token below the floor is never valid again.
+	GetEpoch(context.Context, *GetEpochRequest) (*GetEpochResponse, error)
 	mustEmbedUnimplementedFenceServiceServer()
 }
 
@@ -288,6 +311,9 @@ func (UnimplementedFenceServiceServer) DeleteMark(context.Context, *DeleteMarkRe
 }
 func (UnimplementedFenceServiceServer) RebindMark(context.Context, *RebindMarkRequest) (*RebindMarkResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RebindMark not implemented")
+}
+func (UnimplementedFenceServiceServer) GetEpoch(context.Context, *GetEpochRequest) (*GetEpochResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetEpoch not implemented")
 }
 func (UnimplementedFenceServiceServer) mustEmbedUnimplementedFenceServiceServer() {}
 func (UnimplementedFenceServiceServer) testEmbeddedByValue()                      {}
@@ -382,6 +408,24 @@ func _FenceService_RebindMark_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _FenceService_GetEpoch_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetEpochRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FenceServiceServer).GetEpoch(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FenceService_GetEpoch_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FenceServiceServer).GetEpoch(ctx, req.(*GetEpochRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // FenceService_ServiceDesc is the grpc.ServiceDesc for FenceService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -404,6 +448,10 @@ var FenceService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RebindMark",
 			Handler:    _FenceService_RebindMark_Handler,
+		},
+		{
+			MethodName: "GetEpoch",
+			Handler:    _FenceService_GetEpoch_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,69 @@
+package server
+
+import (
+	"context"
+	"errors"
+
+	"github.com/coordinatord/coordinatord/internal/epoch"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
+	"github.com/coordinatord/coordinatord/internal/lease"
+)
+
+// The wire's fencing tokens are epoch<<48 + create revision
+// (keyspace.TokenOf); the lease manager speaks create revisions. These
+// helpers convert at the handlers, with the epoch of the Keeper
+// (internal/epoch), which also gates: while it is paused (a restore of etcd
+// being handled) they fail with its *epoch.PausedError and nothing is
+// granted, renewed, released or validated.
+
+// Epochs is the token epoch (internal/epoch's Keeper).
+type Epochs interface {
+	Epoch(ctx context.Context, at int64) (int64, error)
+	Status() epoch.State
+}
+
+// ServiceOption configures NewLockService.
+type ServiceOption func(*LockService)
+
+// WithEpochs sets the token epoch (default: 0 forever; the token is the
+// create revision).
+func WithEpochs(e Epochs) ServiceOption { return func(s *LockService) { s.epochs = e } }
+
+type epochZero struct{}
+
+func (epochZero) Epoch(context.Context, int64) (int64, error) { return 0, nil }
+
+func (epochZero) Status() epoch.State { return epoch.State{} }
+
+// epoch is the current epoch, or why none may be used now.
+func (s *LockService) epoch(ctx context.Context) (int64, error) { return s.epochs.Epoch(ctx, 0) }
+
+// wireToken is the token of create revision rev in epoch (0 stays 0).
+func wireToken(epoch, rev int64) int64 {
+	if rev <= 0 {
+		return rev
+	}
+	return keyspace.TokenOf(epoch, rev)
+}
+
+// revisionOf is the create revision a caller's token names, and false when
+// the token is of another epoch than the current one: no grant of it holds
+// (raising the epoch ended them all). A token that is no token at all
+// (zero, negative) passes unchanged, for the domain to refuse as a field.
+func (s *LockService) revisionOf(ctx context.Context, token int64) (int64, bool, error) {
+	e, err := s.epoch(ctx)
+	if err != nil || token <= 0 {
+		return token, true, err
+	}
+	te, rev := keyspace.SplitToken(token)
+	return rev, te == e, nil
+}
+
+// wireErr puts the wire token of the holder into a refusal.
+func wireErr(epoch int64, err error) error {
+	var ng *lease.NotGrantedError
+	if errors.As(err, &ng) {
+		ng.HolderToken = wireToken(epoch, ng.HolderToken)
+	}
+	return err
+}
