@@ -20,11 +20,80 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='coordinator/v1/fence.proto',
   package='coordinator.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x1a\x63oordinator/v1/fence.proto\x12\x0e\x63oordinator.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"e\n\x04Mark\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x0c\n\x04lock\x18\x03 \x01(\t\x12.\n\nupdated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\"\n\x0eGetMarkRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\"5\n\x0fGetMarkResponse\x12\"\n\x04mark\x18\x01 \x01(\x0b\x32\x14.coordinator.v1.Mark\"I\n\x10ListMarksRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"Q\n\x11ListMarksResponse\x12#\n\x05marks\x18\x01 \x03(\x0b\x32\x14.coordinator.v1.Mark\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"%\n\x11\x44\x65leteMarkRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\"8\n\x12\x44\x65leteMarkResponse\x12\"\n\x04mark\x18\x01 \x01(\x0b\x32\x14.coordinator.v1.Mark\"3\n\x11RebindMarkRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0c\n\x04lock\x18\x02 \x01(\t\"8\n\x12RebindMarkResponse\x12\"\n\x04mark\x18\x01 \x01(\x0b\x32\x14.coordinator.v1.Mark2\xd6\x02\n\x0c\x46\x65nceService\x12J\n\x07GetMark\x12\x1e.coordinator.v1.GetMarkRequest\x1a\x1f.coordinator.v1.GetMarkResponse\x12P\n\tListMarks\x12 .coordinator.v1.ListMarksRequest\x1a!.coordinator.v1.ListMarksResponse\x12S\n\nDeleteMark\x12!.coordinator.v1.DeleteMarkRequest\x1a\".coordinator.v1.DeleteMarkResponse\x12S\n\nRebindMark\x12!.coordinator.v1.RebindMarkRequest\x1a\".coordinator.v1.RebindMarkResponseBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3')
+  serialized_pb=_b('\n\x1a\x63oordinator/v1/fence.proto\x12\x0e\x63oordinator.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x11\n\x0fGetEpochRequest\"@\n\x10GetEpochResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\r\n\x05\x66loor\x18\x02 \x01(\x03\x12\x0e\n\x06paused\x18\x03 \x01(\t\"e\n\x04Mark\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x0c\n\x04lock\x18\x03 \x01(\t\x12.\n\nupdated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\"\n\x0eGetMarkRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\"5\n\x0fGetMarkResponse\x12\"\n\x04mark\x18\x01 \x01(\x0b\x32\x14.coordinator.v1.Mark\"I\n\x10ListMarksRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"Q\n\x11ListMarksResponse\x12#\n\x05marks\x18\x01 \x03(\x0b\x32\x14.coordinator.v1.Mark\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"%\n\x11\x44\x65leteMarkRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\"8\n\x12\x44\x65leteMarkResponse\x12\"\n\x04mark\x18\x01 \x01(\x0b\x32\x14.coordinator.v1.Mark\"3\n\x11RebindMarkRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0c\n\x04lock\x18\x02 \x01(\t\"8\n\x12RebindMarkResponse\x12\"\n\x04mark\x18\x01 \x01(\x0b\x32\x14.coordinator.v1.Mark2\xa5\x03\n\x0c\x46\x65nceService\x12J\n\x07GetMark\x12\x1e.coordinator.v1.GetMarkRequest\x1a\x1f.coordinator.v1.GetMarkResponse\x12P\n\tListMarks\x12 .coordinator.v1.ListMarksRequest\x1a!.coordinator.v1.ListMarksResponse\x12S\n\nDeleteMark\x12!.coordinator.v1.DeleteMarkRequest\x1a\".coordinator.v1.DeleteMarkResponse\x12S\n\nRebindMark\x12!.coordinator.v1.RebindMarkRequest\x1a\".coordinator.v1.RebindMarkResponse\x12M\n\x08GetEpoch\x12\x1f.coordinator.v1.GetEpochRequest\x1a .coordinator.v1.GetEpochResponseBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3')
   ,
   dependencies=[google_dot_protobuf_dot_timestamp__pb2.DESCRIPTOR,])
 
 
+
+
+_GETEPOCHREQUEST = _descriptor.Descriptor(
+  name='GetEpochRequest',
+  full_name='coordinator.v1.GetEpochRequest',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=79,
+  serialized_end=96,
+)
+
+
+_GETEPOCHRESPONSE = _descriptor.Descriptor(
+  name='GetEpochResponse',
+  full_name='coordinator.v1.GetEpochResponse',
+  filename=None,
+  file=DESCRIPTOR,
+  containing_type=None,
+  fields=[
+    _descriptor.FieldDescriptor(
+      name='epoch', full_name='coordinator.v1.GetEpochResponse.epoch', index=0,
+      number=1, type=3, cpp_type=2, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='floor', full_name='coordinator.v1.GetEpochResponse.floor', index=1,
+      number=2, type=3, cpp_type=2, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='paused', full_name='coordinator.v1.GetEpochResponse.paused', index=2,
+      number=3, type=9, cpp_type=9, label=1,
+      has_default_value=False, default_value=_b("").decode('utf-8'),
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+  ],
+  extensions=[
+  ],
+  nested_types=[],
+  enum_types=[
+  ],
+  options=None,
+  is_extendable=False,
+  syntax='proto3',
+  extension_ranges=[],
+  oneofs=[
+  ],
+  serialized_start=98,
+  serialized_end=162,
+)
 
 
 _MARK = _descriptor.Descriptor(
@@ -74,8 +143,8 @@ _MARK = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=79,
-  serialized_end=180,
+  serialized_start=164,
+  serialized_end=265,
 )
 
 
@@ -105,8 +174,8 @@ _GETMARKREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=182,
-  serialized_end=216,
+  serialized_start=267,
+  serialized_end=301,
 )
 
 
@@ -136,8 +205,8 @@ _GETMARKRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=218,
-  serialized_end=271,
+  serialized_start=303,
+  serialized_end=356,
 )
 
 
@@ -181,8 +250,8 @@ _LISTMARKSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=273,
-  serialized_end=346,
+  serialized_start=358,
+  serialized_end=431,
 )
 
 
@@ -219,8 +288,8 @@ _LISTMARKSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=348,
-  serialized_end=429,
+  serialized_start=433,
+  serialized_end=514,
 )
 
 
@@ -250,8 +319,8 @@ _DELETEMARKREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=431,
-  serialized_end=468,
+  serialized_start=516,
+  serialized_end=553,
 )
 
 
@@ -281,8 +350,8 @@ _DELETEMARKRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=470,
-  serialized_end=526,
+  serialized_start=555,
+  serialized_end=611,
 )
 
 
@@ -319,8 +388,8 @@ _REBINDMARKREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=528,
-  serialized_end=579,
+  serialized_start=613,
+  serialized_end=664,
 )
 
 
@@ -350,8 +419,8 @@ _REBINDMARKRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=581,
-  serialized_end=637,
+  serialized_start=666,
+  serialized_end=722,
 )
 
 _MARK.fields_by_name['updated_at'].message_type = google_dot_protobuf_dot_timestamp__pb2._TIMESTAMP
@@ -359,6 +428,8 @@ _GETMARKRESPONSE.fields_by_name['mark'].message_type = _MARK
 _LISTMARKSRESPONSE.fields_by_name['marks'].message_type = _MARK
 _DELETEMARKRESPONSE.fields_by_name['mark'].message_type = _MARK
 _REBINDMARKRESPONSE.fields_by_name['mark'].message_type = _MARK
+DESCRIPTOR.message_types_by_name['GetEpochRequest'] = _GETEPOCHREQUEST
+DESCRIPTOR.message_types_by_name['GetEpochResponse'] = _GETEPOCHRESPONSE
 DESCRIPTOR.message_types_by_name['Mark'] = _MARK
 DESCRIPTOR.message_types_by_name['GetMarkRequest'] = _GETMARKREQUEST
 DESCRIPTOR.message_types_by_name['GetMarkResponse'] = _GETMARKRESPONSE
@@ -369,6 +440,20 @@ DESCRIPTOR.message_types_by_name['DeleteMarkResponse'] = _DELETEMARKRESPONSE
 DESCRIPTOR.message_types_by_name['RebindMarkRequest'] = _REBINDMARKREQUEST
 DESCRIPTOR.message_types_by_name['RebindMarkResponse'] = _REBINDMARKRESPONSE
 _sym_db.RegisterFileDescriptor(DESCRIPTOR)
+
+GetEpochRequest = _reflection.GeneratedProtocolMessageType('GetEpochRequest', (_message.Message,), dict(
+  DESCRIPTOR = _GETEPOCHREQUEST,
+  __module__ = 'coordinator.v1.fence_pb2'
+  # @@protoc_insertion_point(class_scope:coordinator.v1.GetEpochRequest)
+  ))
+_sym_db.RegisterMessage(GetEpochRequest)
+
+GetEpochResponse = _reflection.GeneratedProtocolMessageType('GetEpochResponse', (_message.Message,), dict(
+  DESCRIPTOR = _GETEPOCHRESPONSE,
+  __module__ = 'coordinator.v1.fence_pb2'
+  # @@protoc_insertion_point(class_scope:coordinator.v1.GetEpochResponse)
+  ))
+_sym_db.RegisterMessage(GetEpochResponse)
 
 Mark = _reflection.GeneratedProtocolMessageType('Mark', (_message.Message,), dict(
   DESCRIPTOR = _MARK,
@@ -443,8 +528,8 @@ _FENCESERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=640,
-  serialized_end=982,
+  serialized_start=725,
+  serialized_end=1146,
   methods=[
   _descriptor.MethodDescriptor(
     name='GetMark',
@@ -480,6 +565,15 @@ _FENCESERVICE = _descriptor.ServiceDescriptor(
     containing_service=None,
     input_type=_REBINDMARKREQUEST,
     output_type=_REBINDMARKRESPONSE,
+    options=None,
+  ),
+  _descriptor.MethodDescriptor(
+    name='GetEpoch',
+    full_name='coordinator.v1.FenceService.GetEpoch',
+    index=4,
+    containing_service=None,
+    input_type=_GETEPOCHREQUEST,
+    output_type=_GETEPOCHRESPONSE,
     options=None,
   ),
 ])

@@ -104,6 +104,11 @@ class FenceServiceStub(object):
         request_serializer=coordinator_dot_v1_dot_fence__pb2.RebindMarkRequest.SerializeToString,
         response_deserializer=coordinator_dot_v1_dot_fence__pb2.RebindMarkResponse.FromString,
         )
+    self.GetEpoch = channel.unary_unary(
+        '/coordinator.v1.FenceService/GetEpoch',
+        request_serializer=coordinator_dot_v1_dot_fence__pb2.GetEpochRequest.SerializeToString,
+        response_deserializer=coordinator_dot_v1_dot_fence__pb2.GetEpochResponse.FromString,
+        )
 
 
 class FenceServiceServicer(object):
@@ -220,6 +225,17 @@ class FenceServiceServicer(object):
     context.set_details('Method not implemented!')
     raise NotImplementedError('Method not implemented!')
 
+  def GetEpoch(self, request, context):
+    """GetEpoch returns the token epoch this replica grants and validates in,
+    for operators (it names no lock: with authorization, admins only).
+    Tokens are epoch * 2^48 + etcd create revision; the epoch is raised
+    when the replicas detect that etcd was restored from a backup, and
+    every token below the floor is never valid again.
+    """
+    context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+    context.set_details('Method not implemented!')
+    raise NotImplementedError('Method not implemented!')
+
 
 def add_FenceServiceServicer_to_server(servicer, server):
   rpc_method_handlers = {
@@ -242,6 +258,11 @@ def add_FenceServiceServicer_to_server(servicer, server):
           servicer.RebindMark,
           request_deserializer=coordinator_dot_v1_dot_fence__pb2.RebindMarkRequest.FromString,
           response_serializer=coordinator_dot_v1_dot_fence__pb2.RebindMarkResponse.SerializeToString,
+      ),
+      'GetEpoch': grpc.unary_unary_rpc_method_handler(
+          servicer.GetEpoch,
+          request_deserializer=coordinator_dot_v1_dot_fence__pb2.GetEpochRequest.FromString,
+          response_serializer=coordinator_dot_v1_dot_fence__pb2.GetEpochResponse.SerializeToString,
       ),
   }
   generic_handler = grpc.method_handlers_generic_handler(
