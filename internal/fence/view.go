@@ -1,10 +1,12 @@
 package fence
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/coordinatord/coordinatord/internal/etcdx"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // view is a watch-fed copy of every lock queue's keys (their create
@@ -51,22 +54,60 @@ const viewWait = 250 * time.Millisecond
 type member struct {
 	suffix string
 	rev    int64
+	shape  keyspace.Shape // a semaphore's or a reader's entry (keyspace.ShapeOf)
 }
 
-// put records key (of queue q) with create revision rev; w.mu is held.
-func (w *view) put(q, key string, rev int64) {
+// put records key (of queue q) with create revision rev and shape; w.mu
+// is held.
+func (w *view) put(q, key string, rev int64, shape keyspace.Shape) {
 	suffix := key[len(q):]
 	ms := w.queues[q]
 	for i := range ms {
 		if ms[i].suffix == suffix {
-			ms[i].rev = rev
+			ms[i].rev, ms[i].shape = rev, shape
 			return
 		}
 	}
 	if ms == nil {
 		q = strings.Clone(q) // not a slice of key: the key's bytes can go
 	}
-	w.queues[q] = append(ms, member{strings.Clone(suffix), rev})
+	w.queues[q] = append(ms, member{strings.Clone(suffix), rev, shape})
+}
+
+// holdersOf are the tokens of the holders among a queue's members, oldest
+// first (keyspace.Holders: the oldest alone for a mutex).
+func holdersOf(ms []member) []int64 {
+	if len(ms) == 1 || (len(ms) > 0 && plainHead(ms)) {
+		var cur int64
+		for _, m := range ms {
+			if cur == 0 || m.rev < cur {
+				cur = m.rev
+			}
+		}
+		return []int64{cur}
+	}
+	sorted := slices.SortedFunc(slices.Values(ms), func(a, b member) int { return cmp.Compare(a.rev, b.rev) })
+	shapes := make([]keyspace.Shape, len(sorted))
+	for i, m := range sorted {
+		shapes[i] = m.shape
+	}
+	out := make([]int64, keyspace.Holders(shapes))
+	for i := range out {
+		out[i] = sorted[i].rev
+	}
+	return out
+}
+
+// plainHead reports whether the oldest member is a mutex's (or a writer's):
+// then it is the only holder.
+func plainHead(ms []member) bool {
+	h := ms[0]
+	for _, m := range ms[1:] {
+		if m.rev < h.rev {
+			h = m
+		}
+	}
+	return h.shape.Plain()
 }
 
 // del forgets key (of queue q); w.mu is held.
@@ -91,9 +132,10 @@ func newView(cli *clientv3.Client, prefix string) *view {
 	return &view{cli: cli, prefix: prefix, moved: make(chan struct{})}
 }
 
-// holder returns the token of queue's holder (0: free) as of a revision at
-// or after min, or false if the view cannot answer in time.
-func (w *view) holder(ctx context.Context, queue string, min int64) (int64, bool) {
+// holders returns the tokens of queue's holders, oldest first (none:
+// free), as of a revision at or after min, or false if the view cannot
+// answer in time.
+func (w *view) holders(ctx context.Context, queue string, min int64) ([]int64, bool) {
 	var deadline *time.Timer // made only if the view has to catch up
 	defer func() {
 		if deadline != nil {
@@ -104,17 +146,15 @@ func (w *view) holder(ctx context.Context, queue string, min int64) (int64, bool
 		w.mu.Lock()
 		if !w.live {
 			w.mu.Unlock()
-			return 0, false
+			return nil, false
 		}
 		if w.rev >= min {
-			var cur int64
-			for _, m := range w.queues[queue] {
-				if cur == 0 || m.rev < cur {
-					cur = m.rev
-				}
+			var hs []int64
+			if ms := w.queues[queue]; len(ms) > 0 {
+				hs = holdersOf(ms)
 			}
 			w.mu.Unlock()
-			return cur, true
+			return hs, true
 		}
 		moved := w.moved
 		ask := !w.asked
@@ -133,9 +173,9 @@ func (w *view) holder(ctx context.Context, queue string, min int64) (int64, bool
 			w.mu.Lock()
 			w.asked = false // that request may have gone unanswered
 			w.mu.Unlock()
-			return 0, false
+			return nil, false
 		case <-ctx.Done():
-			return 0, false
+			return nil, false
 		}
 	}
 }
@@ -219,14 +259,15 @@ func (w *view) run(ctx context.Context, log *slog.Logger) error {
 func (w *view) follow(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	r, err := w.cli.Get(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	r, err := w.cli.Get(wctx, w.prefix, clientv3.WithPrefix())
 	if err != nil {
 		return fmt.Errorf("load: %w", err)
 	}
 	loaded := &view{queues: make(map[string][]member, len(r.Kvs))}
 	for _, kv := range r.Kvs {
 		key := string(kv.Key)
-		loaded.put(queueOf(key), key, kv.CreateRevision)
+		shape, _ := keyspace.ShapeOf(kv.Value)
+		loaded.put(queueOf(key), key, kv.CreateRevision, shape)
 	}
 	queues := loaded.queues
 	wch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(r.Header.Revision+1),
@@ -262,7 +303,8 @@ func (w *view) follow(ctx context.Context) error {
 				q := queueOf(key)
 				switch ev.Type {
 				case mvccpb.PUT:
-					w.put(q, key, ev.Kv.CreateRevision)
+					shape, _ := keyspace.ShapeOf(ev.Kv.Value)
+					w.put(q, key, ev.Kv.CreateRevision, shape)
 				case mvccpb.DELETE:
 					w.del(q, key)
 				}

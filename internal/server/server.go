@@ -70,6 +70,9 @@ func holderPB(h *lease.Holder) *coordinatorv1.Holder {
 		Owner:      h.Owner,
 		AcquiredAt: timestamp(h.AcquiredAt),
 		ExpiresAt:  timestamp(h.ExpiresAt),
+		Mode:       modePB(h.Shared),
+		Slot:       h.Slot,
+		Limit:      max(h.Limit, 1),
 	}
 }
 
