@@ -21,6 +21,8 @@ type acquireOptions struct {
 	maxHold   time.Duration
 	lockDelay time.Duration
 	session   string // the session handle: set only by Session.Acquire
+	limit     int32  // WithLimit (Semaphore)
+	shared    bool   // WithShared (RWMutex.RLock)
 }
 
 // AcquireOption configures one Acquire.
@@ -86,6 +88,10 @@ func (o *acquireOptions) request(name string) *coordinatorv1.AcquireRequest {
 	if o.lockDelay != 0 {
 		req.LockDelay = durationpb.New(o.lockDelay)
 	}
+	req.Limit = o.limit
+	if o.shared {
+		req.Mode = coordinatorv1.LockMode_LOCK_MODE_SHARED
+	}
 	return req
 }
 
@@ -139,7 +145,7 @@ func (c *Client) Acquire(ctx context.Context, name string, opts ...AcquireOption
 		return nil, err
 	}
 	l := &Lock{
-		c: c, ref: g.GrantRef, ttl: g.TTL,
+		c: c, ref: g.GrantRef, ttl: g.TTL, slot: g.Slot, shared: g.Shared,
 		margin: c.margin(g.TTL), done: make(chan struct{}), exited: make(chan struct{}),
 	}
 	// The lease ends no earlier than the first send plus the TTL: a grant

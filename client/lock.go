@@ -19,6 +19,8 @@ type Lock struct {
 	ref    GrantRef
 	ttl    time.Duration
 	margin time.Duration
+	slot   int32 // a semaphore permit's slot
+	shared bool  // a read-write lock's reader
 
 	mu        sync.Mutex
 	safeUntil time.Time
@@ -30,6 +32,15 @@ type Lock struct {
 	endOnce sync.Once
 	endErr  error
 }
+
+// Slot is a semaphore permit's slot, 0..limit-1 (0 for a mutex or a
+// read-write lock): tokens rise per slot, so a resource keeps one mark per
+// (resource, slot).
+func (l *Lock) Slot() int32 { return l.slot }
+
+// Shared reports whether the lock is a read-write lock's reader's
+// (RWMutex.RLock): its token may not raise a resource's mark.
+func (l *Lock) Shared() bool { return l.shared }
 
 // Name is the lock's name.
 func (l *Lock) Name() string { return l.ref.Name }
