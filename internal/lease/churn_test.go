@@ -112,7 +112,9 @@ var freeBound = map[bool]time.Duration{false: time.Second, true: 10 * time.Secon
 // checkPermits reads the queue every 5 ms until stopped and returns what
 // broke the semaphore's promises, and how many reads it checked. A permit
 // (a slot) may be free beside a waiter while it passes on (the waiter
-// wakes, reads, claims); it must not stay free so for a second.
+// wakes, reads, claims; grants are made in queue order, one at a time); it
+// must not stay free so for a second while nothing moves at all (a missed
+// wake-up), however slow a loaded machine makes each hand-off.
 func checkPermits(t *testing.T, cli *clientv3.Client, queue string, n int) (stop func() []string, checked func() int64) {
 	var (
 		failures []string
@@ -124,6 +126,10 @@ func checkPermits(t *testing.T, cli *clientv3.Client, queue string, n int) (stop
 		defer close(finished)
 		last := map[int32]int64{}
 		freeSince := make([]time.Time, n) // per slot: since when it is free beside a waiter
+		var (
+			holders string    // the granted entries at the last read
+			moved   time.Time // when they last changed
+		)
 		for {
 			select {
 			case <-done:
@@ -138,14 +144,18 @@ func checkPermits(t *testing.T, cli *clientv3.Client, queue string, n int) (stop
 			reads.Add(1)
 			held, waiting, bad := permitsAt(r, last, n)
 			failures = append(failures, bad...)
+			if h := fmt.Sprint(held); h != holders {
+				holders, moved = h, time.Now()
+			}
 			for s := range freeSince {
 				switch {
-				case held[int32(s)] || !waiting:
+				case held[int32(s)] != 0 || !waiting:
 					freeSince[s] = time.Time{}
 				case freeSince[s].IsZero():
 					freeSince[s] = time.Now()
-				case time.Since(freeSince[s]) > freeBound:
-					failures = append(failures, fmt.Sprintf("at revision %d: slot %d free beside a waiter for over %v: %s", r.Header.Revision, s, freeBound, describeQueue(r)))
+				case time.Since(freeSince[s]) > freeBound && time.Since(moved) > freeBound:
+					failures = append(failures, fmt.Sprintf("at revision %d: slot %d free beside a waiter, and no permit granted or ended, for over %v: %s",
+						r.Header.Revision, s, freeBound, describeQueue(r)))
 					freeSince[s] = time.Time{}
 				}
 			}
@@ -157,18 +167,18 @@ func checkPermits(t *testing.T, cli *clientv3.Client, queue string, n int) (stop
 // permitsAt checks one read of the queue: at most n granted, each on a
 // slot of its own, each slot's token above the last seen on it (last is
 // updated). It returns the slots held and whether anyone waits.
-func permitsAt(r *clientv3.GetResponse, last map[int32]int64, n int) (held map[int32]bool, waiting bool, bad []string) {
-	held = map[int32]bool{}
+func permitsAt(r *clientv3.GetResponse, last map[int32]int64, n int) (held map[int32]int64, waiting bool, bad []string) {
+	held = map[int32]int64{}
 	for _, kv := range r.Kvs {
 		rec := decodeRecord(kv.Value)
 		if rec.Acquired == 0 {
 			waiting = true
 			continue
 		}
-		if held[rec.Slot] {
+		if held[rec.Slot] != 0 {
 			bad = append(bad, fmt.Sprintf("at revision %d: slot %d held twice: %s", r.Header.Revision, rec.Slot, describeQueue(r)))
 		}
-		held[rec.Slot] = true
+		held[rec.Slot] = kv.CreateRevision
 		if kv.CreateRevision < last[rec.Slot] {
 			bad = append(bad, fmt.Sprintf("at revision %d: slot %d held by %d after %d", r.Header.Revision, rec.Slot, kv.CreateRevision, last[rec.Slot]))
 		}

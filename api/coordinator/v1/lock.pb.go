@@ -1291,8 +1291,10 @@ type ListRequest struct {
 	// Only locks whose names start with these bytes. Empty: all locks. At most
 	// 512 bytes of valid UTF-8.
 	Prefix string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
-	// At most this many holders per page. 0: 100. Values above 1000 are
-	// treated as 1000. Negative: INVALID_ARGUMENT.
+	// At most this many locks' holders per page. 0: 100. Values above 1000
+	// are treated as 1000. Negative: INVALID_ARGUMENT. A semaphore's or a
+	// read-write lock's holders are listed together (oldest first), so a page
+	// can hold more holders than this.
 	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// The next_page_token of the previous page, or empty for the first page.
 	// Use the same prefix with it.
@@ -1982,6 +1984,9 @@ type WatchResponse struct {
 	Revision int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	// The holder concerned: the new one for ACQUIRED and CURRENT (unset when
 	// free), the one that ended otherwise. acquired_at and expires_at unset.
+	// A semaphore or a read-write lock's readers have several holders: the
+	// watch starts with one CURRENT event per holder (oldest first), and
+	// reports each holder's start and end as an event of its own.
 	Holder        *Holder `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
