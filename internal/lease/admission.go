@@ -10,21 +10,26 @@ import (
 )
 
 // admission is the queue's admission rule: the one place that says which
-// entries of a lock's queue hold it. Today a lock admits one holder, the
-// entry with the lowest create revision (first come, first served), once
-// no other grant's lock-delay is pending; every other entry waits for the
-// one key that stands between it and admission, its immediate predecessor,
-// so that a hand-off wakes one waiter (no thundering herd).
+// entries of a lock's queue hold it (the rule as a function of position is
+// keyspace.Admitted, which internal/fence shares). A mutex (or a
+// read-write lock's writer) admits one holder, the entry with the lowest
+// create revision (first come, first served), once no other grant's
+// lock-delay is pending; a read-write lock's readers hold together while
+// every older entry is a reader; a semaphore of limit N admits the N
+// oldest entries, granted in queue order, each on a slot (shaped.go). Every
+// waiter watches one key that stands between it and admission (its
+// immediate predecessor, the nearest older writer, or, for a semaphore's
+// oldest waiter, the queue's ends), so that a hand-off wakes one waiter (no
+// thundering herd).
 //
 // The acquisition uses the rule only through these methods: the join
 // holds at once when admits(0) holds (join.go), the claim commits only
-// while admits(token) holds (claim.go), and the wait watches blocker's key
-// until there is none (wait.go; the join reads the first one for it:
-// joinRead, joinBlocker). Readers find the holder with holderRead and
-// admittedAt (ForceRelease, Describe, holderToken; Watch takes the oldest
-// entry of its state: head). A queue admitting N holders (a semaphore), or
-// shared and exclusive holders (a read-write lock), is a change of these
-// methods (and of head) and of nothing else.
+// while admits(token) holds (claim.go; a reader's or a semaphore's entry,
+// whose admission is no compare, claims once blocker finds nothing), and
+// the wait watches blocker's target until there is none (wait.go; the join
+// reads a mutex's first one for it: joinRead, joinBlocker). Readers find
+// the holders with holderRead and admittedAt (ForceRelease, Describe,
+// holderToken; Watch and List use keyspace.Holders).
 type admission struct {
 	queue string // the queue's prefix: one entry per acquisition
 	delay string // the lock-delay key: while it exists, nobody new is admitted
