@@ -25,7 +25,7 @@ func BenchmarkViewHolder(b *testing.B) {
 	ctx := context.Background()
 	q := "/p/locks/lock-4242/"
 	for b.Loop() {
-		if hs, ok := w.holders(ctx, q, 10); !ok || len(hs) != 1 || hs[0] != 2*4242+1 {
+		if hs, ok := w.holders(ctx, q, 10); !ok || hs.oldest != 2*4242+1 || hs.all != nil {
 			b.Fatalf("holders = %v, %v", hs, ok)
 		}
 	}

@@ -206,7 +206,7 @@ func (v *Validator) validate(ctx context.Context, name string, token int64) (Ver
 		}
 		if hs, ok := w.holders(ctx, v.ks.Queue(name), rev); ok {
 			v.viewed.Add(1)
-			return judgeAmong(token, hs, 0), nil
+			return hs.judge(token, 0), nil
 		}
 		v.readBack.Add(1)
 	}

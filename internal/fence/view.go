@@ -74,18 +74,39 @@ func (w *view) put(q, key string, rev int64, shape keyspace.Shape) {
 	w.queues[q] = append(ms, member{strings.Clone(suffix), rev, shape})
 }
 
-// holdersOf are the tokens of the holders among a queue's members, oldest
-// first (keyspace.Holders: the oldest alone for a mutex).
-func holdersOf(ms []member) []int64 {
-	if len(ms) == 1 || (len(ms) > 0 && plainHead(ms)) {
-		var cur int64
-		for _, m := range ms {
-			if cur == 0 || m.rev < cur {
-				cur = m.rev
-			}
-		}
-		return []int64{cur}
+// holderSet is a queue's holders: the oldest's token (0: free) and, for
+// a semaphore or readers, every holder's, oldest first (nil for a mutex:
+// the oldest alone holds, and the view's hot path allocates nothing).
+type holderSet struct {
+	oldest int64
+	all    []int64
+}
+
+// judge is the verdict for token against the holders and a mark.
+func (h holderSet) judge(token, mark int64) Verdict {
+	if h.all == nil {
+		return judge(token, h.oldest, mark)
 	}
+	return judgeAmong(token, h.all, mark)
+}
+
+// holdersIn are the holders among a queue's members (keyspace.Holders).
+func holdersIn(ms []member) holderSet {
+	var oldest member
+	for i, m := range ms {
+		if i == 0 || m.rev < oldest.rev {
+			oldest = m
+		}
+	}
+	if len(ms) <= 1 || oldest.shape.Plain() {
+		return holderSet{oldest: oldest.rev}
+	}
+	return holderSet{oldest: oldest.rev, all: holdersOf(ms)}
+}
+
+// holdersOf are the tokens of the holders among a queue's members, oldest
+// first.
+func holdersOf(ms []member) []int64 {
 	sorted := slices.SortedFunc(slices.Values(ms), func(a, b member) int { return cmp.Compare(a.rev, b.rev) })
 	shapes := make([]keyspace.Shape, len(sorted))
 	for i, m := range sorted {
@@ -98,17 +119,7 @@ func holdersOf(ms []member) []int64 {
 	return out
 }
 
-// plainHead reports whether the oldest member is a mutex's (or a writer's):
-// then it is the only holder.
-func plainHead(ms []member) bool {
-	h := ms[0]
-	for _, m := range ms[1:] {
-		if m.rev < h.rev {
-			h = m
-		}
-	}
-	return h.shape.Plain()
-}
+
 
 // del forgets key (of queue q); w.mu is held.
 func (w *view) del(q, key string) {
@@ -135,7 +146,7 @@ func newView(cli *clientv3.Client, prefix string) *view {
 // holders returns the tokens of queue's holders, oldest first (none:
 // free), as of a revision at or after min, or false if the view cannot
 // answer in time.
-func (w *view) holders(ctx context.Context, queue string, min int64) ([]int64, bool) {
+func (w *view) holders(ctx context.Context, queue string, min int64) (holderSet, bool) {
 	var deadline *time.Timer // made only if the view has to catch up
 	defer func() {
 		if deadline != nil {
@@ -146,13 +157,10 @@ func (w *view) holders(ctx context.Context, queue string, min int64) ([]int64, b
 		w.mu.Lock()
 		if !w.live {
 			w.mu.Unlock()
-			return nil, false
+			return holderSet{}, false
 		}
 		if w.rev >= min {
-			var hs []int64
-			if ms := w.queues[queue]; len(ms) > 0 {
-				hs = holdersOf(ms)
-			}
+			hs := holdersIn(w.queues[queue])
 			w.mu.Unlock()
 			return hs, true
 		}
@@ -173,9 +181,9 @@ func (w *view) holders(ctx context.Context, queue string, min int64) ([]int64, b
 			w.mu.Lock()
 			w.asked = false // that request may have gone unanswered
 			w.mu.Unlock()
-			return nil, false
+			return holderSet{}, false
 		case <-ctx.Done():
-			return nil, false
+			return holderSet{}, false
 		}
 	}
 }

@@ -167,7 +167,7 @@ func TestViewNeverAnswersBehindTheBarrier(t *testing.T) {
 	asked := 0
 	w.request = func() { asked++ }
 	w.mu.Unlock()
-	if hs, ok := w.holders(context.Background(), "q/", 5); !ok || len(hs) != 1 || hs[0] != 3 {
+	if hs, ok := w.holders(context.Background(), "q/", 5); !ok || hs.oldest != 3 {
 		t.Fatalf("holders at the view's revision = %v, %v", hs, ok)
 	}
 	start := time.Now()
