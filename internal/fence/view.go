@@ -119,8 +119,6 @@ func holdersOf(ms []member) []int64 {
 	return out
 }
 
-
-
 // del forgets key (of queue q); w.mu is held.
 func (w *view) del(q, key string) {
 	suffix := key[len(q):]

@@ -102,7 +102,10 @@ func TestRWLockWriterNotStarved(t *testing.T) {
 				readers.Add(1)
 				time.Sleep(30 * time.Millisecond)
 				readers.Add(-1)
-				e.lc.Release(ctxT(t, 10*time.Second), &coordinatorv1.ReleaseRequest{Name: "rw", Token: g.GetToken(), Handle: g.GetHandle()})
+				if _, err := e.lc.Release(ctxT(t, 10*time.Second), &coordinatorv1.ReleaseRequest{Name: "rw", Token: g.GetToken(), Handle: g.GetHandle()}); err != nil {
+					t.Errorf("reader release: %v", err)
+					return
+				}
 			}
 		}()
 	}
