@@ -74,7 +74,7 @@ func CheckSafeUntil(ops []Op) []string {
 		for _, early := range order {
 			// A release invoked before the later grant's answer may be
 			// what ended the earlier grant: not a broken promise.
-			if early.name == later.name && early.token < later.token && !(early.shared && later.shared) &&
+			if early.name == later.name && early.token < later.token && (!early.shared || !later.shared) &&
 				later.granted < early.safe-int64(safeSlack) && later.granted < early.release {
 				inside = append(inside, early)
 			}
