@@ -21,6 +21,8 @@ type acquireOptions struct {
 	maxHold   time.Duration
 	lockDelay time.Duration
 	session   string // the session handle: set only by Session.Acquire
+	limit     int32  // WithLimit (Semaphore)
+	shared    bool   // WithShared (RWMutex.RLock)
 
 	releaseOnDisconnect bool // Hold only
 }
@@ -88,6 +90,10 @@ func (o *acquireOptions) request(name string) *coordinatorv1.AcquireRequest {
 	if o.lockDelay != 0 {
 		req.LockDelay = durationpb.New(o.lockDelay)
 	}
+	req.Limit = o.limit
+	if o.shared {
+		req.Mode = coordinatorv1.LockMode_LOCK_MODE_SHARED
+	}
 	return req
 }
 
@@ -147,6 +153,7 @@ func (c *Client) Acquire(ctx context.Context, name string, opts ...AcquireOption
 // first, and starts its heartbeat.
 func (c *Client) start(ctx context.Context, l *Lock, g Grant, first time.Time) (*Lock, error) {
 	l.ref, l.ttl, l.margin = g.GrantRef, g.TTL, c.margin(g.TTL)
+	l.slot, l.shared = g.Slot, g.Shared
 	// The lease ends no earlier than the first send plus the TTL: a grant
 	// (or the refresh at the end of a wait) happens after that.
 	l.safeUntil = first.Add(g.TTL - l.margin)

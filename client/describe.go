@@ -16,18 +16,28 @@ type Holder struct {
 	Owner      string // as given to WithOwner; may be empty
 	AcquiredAt time.Time
 	ExpiresAt  time.Time
+	// Shared marks a read-write lock's reader; Slot is a semaphore
+	// holder's slot; Limit is the lock's limit (1 for a mutex or a
+	// read-write lock; 0 from a coordinator that does not say).
+	Shared bool
+	Slot   int32
+	Limit  int32
 }
 
 // Waiter is one contender queued for a lock.
 type Waiter struct {
 	Owner        string
 	WaitingSince time.Time
+	Shared       bool // a reader's acquisition
 }
 
 // Description is the state of one lock.
 type Description struct {
-	// Holder is nil when the lock is free.
+	// Holder is nil when the lock is free; it is the oldest of Holders.
 	Holder *Holder
+	// Holders are every holder, oldest first: more than one for a
+	// semaphore or a read-write lock's readers.
+	Holders []Holder
 	// Waiters are in queue order, the next to be granted first.
 	Waiters []Waiter
 }
@@ -45,8 +55,15 @@ func (c *Client) Describe(ctx context.Context, name string) (Description, error)
 		return Description{}, err
 	}
 	d := Description{Holder: holderOf(resp.GetHolder())}
+	for _, h := range resp.GetHolders() {
+		d.Holders = append(d.Holders, *holderOf(h))
+	}
+	if len(d.Holders) == 0 && d.Holder != nil { // a coordinator from before semaphores
+		d.Holders = []Holder{*d.Holder}
+	}
 	for _, w := range resp.GetWaiters() {
-		d.Waiters = append(d.Waiters, Waiter{Owner: w.GetOwner(), WaitingSince: asTime(w.GetWaitingSince())})
+		d.Waiters = append(d.Waiters, Waiter{Owner: w.GetOwner(), WaitingSince: asTime(w.GetWaitingSince()),
+			Shared: w.GetMode() == coordinatorv1.LockMode_LOCK_MODE_SHARED})
 	}
 	return d, nil
 }
@@ -72,5 +89,6 @@ func holderOf(h *coordinatorv1.Holder) *Holder {
 	if h == nil {
 		return nil
 	}
-	return &Holder{Name: h.GetName(), Token: h.GetToken(), Owner: h.GetOwner(), AcquiredAt: asTime(h.GetAcquiredAt()), ExpiresAt: asTime(h.GetExpiresAt())}
+	return &Holder{Name: h.GetName(), Token: h.GetToken(), Owner: h.GetOwner(), AcquiredAt: asTime(h.GetAcquiredAt()), ExpiresAt: asTime(h.GetExpiresAt()),
+		Shared: h.GetMode() == coordinatorv1.LockMode_LOCK_MODE_SHARED, Slot: h.GetSlot(), Limit: h.GetLimit()}
 }

@@ -36,6 +36,10 @@ type Grant struct {
 	AcquiredAt time.Time
 	// Resumed: this answers a retry of an acquisition already granted.
 	Resumed bool
+	// Slot is a semaphore permit's slot (see Lock.Slot); Shared marks a
+	// read-write lock's reader.
+	Slot   int32
+	Shared bool
 }
 
 // String shows the grant without its handle, so that a GrantRef printed
@@ -114,7 +118,7 @@ func grantOf(name string, r *coordinatorv1.AcquireResponse) Grant {
 		GrantRef: GrantRef{Name: name, Token: r.GetToken(), Handle: r.GetHandle()},
 		LeaseID:  r.GetLeaseId(), TTL: r.GetTtl().AsDuration(),
 		ExpiresAt: asTime(r.GetExpiresAt()), SafeUntil: asTime(r.GetSafeUntil()), AcquiredAt: asTime(r.GetAcquiredAt()),
-		Resumed: r.GetResumed(),
+		Resumed: r.GetResumed(), Slot: r.GetSlot(), Shared: r.GetMode() == coordinatorv1.LockMode_LOCK_MODE_SHARED,
 	}
 }
 

@@ -23,6 +23,8 @@ type Lock struct {
 	ttl    time.Duration
 	margin time.Duration
 	hold   *holdConn // the Hold stream that renews it; nil: unary KeepAlive
+	slot   int32     // a semaphore permit's slot
+	shared bool      // a read-write lock's reader
 
 	mu        sync.Mutex
 	safeUntil time.Time
@@ -43,6 +45,15 @@ func newLock(c *Client) *Lock {
 	l.ctx, l.cancelCtx = context.WithCancelCause(context.Background())
 	return l
 }
+
+// Slot is a semaphore permit's slot, 0..limit-1 (0 for a mutex or a
+// read-write lock): tokens rise per slot, so a resource keeps one mark per
+// (resource, slot).
+func (l *Lock) Slot() int32 { return l.slot }
+
+// Shared reports whether the lock is a read-write lock's reader's
+// (RWMutex.RLock): its token may not raise a resource's mark.
+func (l *Lock) Shared() bool { return l.shared }
 
 // Name is the lock's name.
 func (l *Lock) Name() string { return l.ref.Name }

@@ -184,7 +184,7 @@ func bench1(cfg config) (rep *report, err error) {
 	}
 	defer cl.close()
 	b := &bench{cfg: cfg, etcd: etcd, coord: coord, cl: cl, systems: map[string]locker{
-		sysCoord: coordLocker{cl}, sysMutex: mutexLocker{cl}, sysV3lock: v3lockLocker{cl},
+		sysCoord: coordLocker{cl}, sysMutex: mutexLocker{cl}, sysV3lock: v3lockLocker{cl}, sysSem4: semLocker{cl},
 		sysRecipeNow: recipeNowLocker{cl}, sysRecipeNext: recipeNextLocker{cl},
 	}}
 	if cfg.whatif {
@@ -207,7 +207,7 @@ func bench1(cfg config) (rep *report, err error) {
 		i := rep % len(systems)
 		return slices.Concat(systems[i:], systems[:i])
 	}
-	lockSystems := []string{sysCoord, sysMutex, sysV3lock}
+	lockSystems := []string{sysCoord, sysMutex, sysV3lock, sysSem4}
 
 	uncontendedSystems := lockSystems
 	if cfg.whatif {

@@ -111,15 +111,15 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	for _, k := range [][2]string{{scUncontended, sysCoord}, {scUncontended, sysMutex}, {scUncontended, sysV3lock},
-		{scContended, sysCoord}, {scContended, sysMutex}, {scContended, sysV3lock},
+		{scContended, sysCoord}, {scContended, sysMutex}, {scContended, sysV3lock}, {scUncontended, sysSem4}, {scContended, sysSem4},
 		{scValidate, sysCoord}, {scValidate, sysGet}, {scValidate, sysFloor}, {scHeld, sysCoord}, {scHeld, sysMutex}} {
 		if ops[k] == 0 {
 			t.Errorf("%s, %s: no operation completed in any cell", k[0], k[1])
 		}
 	}
-	// 3 client counts x (3 lock systems + 3 validate systems), 1 contended
-	// count x 3, 2 held levels x 2.
-	if want := 3*6 + 3 + 2*2; len(cells) != want {
+	// 3 client counts x (4 lock systems + 3 validate systems), 1 contended
+	// count x 4, 2 held levels x 2.
+	if want := 3*7 + 4 + 2*2; len(cells) != want {
 		t.Errorf("%d cells measured, want %d", len(cells), want)
 	}
 	md, err := os.ReadFile(cfg.out)

@@ -139,7 +139,15 @@ func (rp *report) rows() []row {
 				fmt.Sprintf("uncontended %d: acquire p50 vs %s", n, peer), true, p50)
 		}
 	}
+	for _, n := range rp.cfg.clients {
+		sc := fmt.Sprintf("uncontended, %d clients, distinct names", n)
+		cmp(scUncontended, n, 0, sysSem4+" vs "+sysCoord, sc, "semaphore (N=4) vs mutex: acquire+release cycles/s",
+			fmt.Sprintf("uncontended %d: semaphore cycles/s vs mutex", n), false, rate)
+	}
 	for _, n := range rp.cfg.contended {
+		sc := fmt.Sprintf("contended, %d clients, one name", n)
+		cmp(scContended, n, 0, sysSem4+" vs "+sysCoord, sc, "semaphore (N=4, up to 4 hold) vs mutex: grants/s",
+			fmt.Sprintf("contended %d: semaphore grants/s vs mutex", n), false, rate)
 		for _, peer := range []string{sysMutex, sysV3lock} {
 			sc := fmt.Sprintf("contended, %d clients, one name", n)
 			cmp(scContended, n, 0, peer, sc, "hand-offs/s", fmt.Sprintf("contended %d: hand-offs/s vs %s", n, peer), false, rate)

@@ -41,7 +41,22 @@ const (
 	// through the same connections and interceptors): the most calls/s any
 	// coordinatord RPC can reach on the machine, whatever it does.
 	sysFloor = "coordinatord no-op RPC (health Check)"
+	// sysSem4 is coordinatord's counting semaphore of 4 permits: its
+	// acquire/release cycles on a free name must cost what a mutex's do,
+	// and its contended hand-offs are measured beside the mutex's.
+	sysSem4 = "coordinatord semaphore (N=4)"
 )
+
+// semLimit is the number of permits of sysSem4.
+const semLimit = 4
+
+// holdersAllowed is how many holders of one name a system admits at once.
+func holdersAllowed(system string) int32 {
+	if system == sysSem4 {
+		return semLimit
+	}
+	return 1
+}
 
 // clients are the shared connections of the load generator: a few gRPC
 // connections to coordinatord and a few etcd clients, each shared by many
@@ -118,6 +133,24 @@ type coordLocker struct{ c *clients }
 func (l coordLocker) lock(ctx context.Context, w int, name string) (held, error) {
 	lc := l.c.coord[w%len(l.c.coord)]
 	g, err := lc.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: name, Ttl: durationpb.New(benchTTL)})
+	if err != nil {
+		return held{}, err
+	}
+	return held{token: g.GetToken(), release: func(ctx context.Context) error {
+		r, err := lc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: name, Token: g.GetToken(), Handle: g.GetHandle()})
+		if err == nil && !r.GetReleased() {
+			return fmt.Errorf("release of %q token %d: released=false", name, g.GetToken())
+		}
+		return err
+	}}, nil
+}
+
+// semLocker acquires a permit of a semaphore of semLimit on coordinatord.
+type semLocker struct{ c *clients }
+
+func (l semLocker) lock(ctx context.Context, w int, name string) (held, error) {
+	lc := l.c.coord[w%len(l.c.coord)]
+	g, err := lc.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: name, Ttl: durationpb.New(benchTTL), Limit: semLimit})
 	if err != nil {
 		return held{}, err
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/coordinatord/coordinatord/client"
 )
 
-const execSynopsis = "NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--max-hold D] [--grace D] -- COMMAND [ARGS...]"
+const execSynopsis = "NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--max-hold D] [--limit N | --shared] [--grace D] -- COMMAND [ARGS...]"
 
 // releaseTimeout bounds the release after COMMAND exits.
 const releaseTimeout = 5 * time.Second
@@ -26,10 +26,16 @@ type execLine struct {
 	argv  []string // COMMAND and its arguments
 	lock  lockFlags
 	grace time.Duration
+	// limit makes NAME a semaphore of that many permits; shared takes it
+	// as a read-write lock's reader.
+	limit  int
+	shared bool
 }
 
 func (l *execLine) register(fs *flag.FlagSet) {
 	l.lock.register(fs)
+	fs.IntVar(&l.limit, "limit", 0, "NAME is a semaphore of this many permits: run COMMAND while holding one (COORDINATOR_SLOT says which)")
+	fs.BoolVar(&l.shared, "shared", false, "NAME is a read-write lock: run COMMAND as one of its readers (without it: as its writer)")
 	fs.DurationVar(&l.grace, "grace", 5*time.Second, "after the lock is lost: how long COMMAND has to exit after SIGTERM before SIGKILL")
 }
 
@@ -44,7 +50,23 @@ func (l *execLine) parse(e *env, pos []string) int {
 		fmt.Fprintf(e.stderr, "%s: --grace %v: want a duration >= 0\n", e.name, l.grace)
 		return exitUsage
 	}
+	if l.limit > 1 && l.shared {
+		fmt.Fprintf(e.stderr, "%s: --limit %d with --shared: a semaphore's permits are all alike; use one or the other\n", e.name, l.limit)
+		return exitUsage
+	}
 	return -1
+}
+
+// options are the acquire options of the command line.
+func (l *execLine) options() []client.AcquireOption {
+	opts := l.lock.options()
+	if l.limit != 0 {
+		opts = append(opts, client.WithLimit(int32(min(max(l.limit, -1), 1<<30))))
+	}
+	if l.shared {
+		opts = append(opts, client.WithShared())
+	}
+	return opts
 }
 
 // runExec runs COMMAND under the lock in three steps: acquire it, supervise
@@ -101,7 +123,7 @@ func acquireForExec(x *call[execLine]) (*client.Lock, handover, error) {
 	if err := x.waitReady(actx, x.cc); err != nil {
 		return nil, handover{}, err
 	}
-	lock, err := x.c.Acquire(actx, x.f.name, x.f.lock.options()...)
+	lock, err := x.c.Acquire(actx, x.f.name, x.f.options()...)
 	if err != nil {
 		return nil, handover{}, err
 	}
@@ -129,6 +151,7 @@ func startCommand(x *call[execLine], lock *client.Lock) (*exec.Cmd, error) {
 	cmd.Env = append(os.Environ(),
 		"COORDINATOR_LOCK="+lock.Name(),
 		"COORDINATOR_TOKEN="+strconv.FormatInt(lock.Token(), 10),
+		"COORDINATOR_SLOT="+strconv.Itoa(int(lock.Slot())),
 		"COORDINATOR_SAFE_UNTIL="+lock.SafeUntil().UTC().Format(time.RFC3339Nano),
 	)
 	cmd.Stdout, cmd.Stderr = x.stdout, x.stderr

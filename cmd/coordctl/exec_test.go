@@ -228,3 +228,23 @@ func TestExecLockLostWhilePaused(t *testing.T) {
 	must(t, 0, "validate", "cli/paused", b.token) // the successor still holds it
 	must(t, 0, "release", "cli/paused", b.token, b.handle)
 }
+
+func TestExecSemaphoreAndShared(t *testing.T) {
+	// A semaphore of 2: a second exec runs beside the first, on the other
+	// slot; a third is refused.
+	r := must(t, 0, "exec", "cli/sem", "--limit", "2", "--", "sh", "-c",
+		`"$COORDCTL_BIN" exec cli/sem --limit 2 --wait 0s -- sh -c '"$COORDCTL_BIN" exec cli/sem --limit 2 --wait 0s -- true; echo third=$?; echo inner=$COORDINATOR_SLOT'; echo outer=$COORDINATOR_SLOT`)
+	if !strings.Contains(r.stdout, "inner=1\n") || !strings.Contains(r.stdout, "outer=0\n") ||
+		!strings.Contains(r.stdout, "third="+strconv.Itoa(exitNotAcquired)+"\n") {
+		t.Fatalf("exec --limit 2, nested three deep:\n%s\n%s", r.stdout, r.stderr)
+	}
+	// A read-write lock: a second reader runs beside the first, a writer
+	// does not.
+	r = must(t, 0, "exec", "cli/rw", "--shared", "--", "sh", "-c",
+		`"$COORDCTL_BIN" exec cli/rw --shared --wait 0s -- echo reader; "$COORDCTL_BIN" exec cli/rw --wait 0s -- echo writer; echo writer=$?`)
+	if !strings.Contains(r.stdout, "reader\n") || strings.Contains(r.stdout, "writer\n") ||
+		!strings.Contains(r.stdout, "writer="+strconv.Itoa(exitNotAcquired)+"\n") {
+		t.Fatalf("exec --shared, nested:\n%s\n%s", r.stdout, r.stderr)
+	}
+	must(t, exitUsage, "exec", "cli/x", "--limit", "2", "--shared", "--", "true")
+}

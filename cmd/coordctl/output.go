@@ -136,13 +136,25 @@ type holder struct {
 	Owner      string  `json:"owner"`
 	AcquiredAt *string `json:"acquiredAt"`
 	ExpiresAt  *string `json:"expiresAt"`
+	Mode       string  `json:"mode"`
+	Slot       int32   `json:"slot"`
+	Limit      int32   `json:"limit"`
 }
 
 func toHolder(h *client.Holder) *holder {
 	if h == nil {
 		return nil
 	}
-	return &holder{Name: h.Name, Token: i64(h.Token), Owner: h.Owner, AcquiredAt: ts(h.AcquiredAt), ExpiresAt: ts(h.ExpiresAt)}
+	return &holder{Name: h.Name, Token: i64(h.Token), Owner: h.Owner, AcquiredAt: ts(h.AcquiredAt), ExpiresAt: ts(h.ExpiresAt),
+		Mode: modeName(h.Shared), Slot: h.Slot, Limit: h.Limit}
+}
+
+// modeName is the protojson name of a holder's or waiter's mode.
+func modeName(shared bool) string {
+	if shared {
+		return "LOCK_MODE_SHARED"
+	}
+	return "LOCK_MODE_EXCLUSIVE"
 }
 
 func toHolders(hs []client.Holder) []*holder {

@@ -98,23 +98,26 @@ func printDescription(x *call[string], d client.Description) int {
 		type waiter struct {
 			Owner        string  `json:"owner"`
 			WaitingSince *string `json:"waitingSince"`
+			Mode         string  `json:"mode"`
 		}
 		out := struct {
-			Name    string   `json:"name"`
-			Held    bool     `json:"held"`
-			Holder  *holder  `json:"holder"`
-			Waiters []waiter `json:"waiters"`
-		}{Name: name, Held: d.Holder != nil, Holder: toHolder(d.Holder), Waiters: []waiter{}}
+			Name    string    `json:"name"`
+			Held    bool      `json:"held"`
+			Holder  *holder   `json:"holder"`
+			Holders []*holder `json:"holders"`
+			Waiters []waiter  `json:"waiters"`
+		}{Name: name, Held: d.Holder != nil, Holder: toHolder(d.Holder), Holders: toHolders(d.Holders), Waiters: []waiter{}}
 		for _, w := range d.Waiters {
-			out.Waiters = append(out.Waiters, waiter{Owner: w.Owner, WaitingSince: ts(w.WaitingSince)})
+			out.Waiters = append(out.Waiters, waiter{Owner: w.Owner, WaitingSince: ts(w.WaitingSince), Mode: modeName(w.Shared)})
 		}
 		x.printJSON(out)
 		return exitOK
 	}
 	rows := [][]string{{"NAME", "STATE", "TOKEN", "OWNER", "SINCE", "EXPIRES_AT"}}
-	if h := d.Holder; h != nil {
-		rows = append(rows, []string{h.Name, "held", i64(h.Token), dash(h.Owner), cell(h.AcquiredAt), cell(h.ExpiresAt)})
-	} else {
+	for _, h := range d.Holders {
+		rows = append(rows, []string{h.Name, heldState(h), i64(h.Token), dash(h.Owner), cell(h.AcquiredAt), cell(h.ExpiresAt)})
+	}
+	if len(d.Holders) == 0 {
 		rows = append(rows, []string{name, "free", "-", "-", "-", "-"})
 	}
 	for i, w := range d.Waiters {
@@ -191,4 +194,16 @@ func printVersion(x *call[struct{}], v version.Info) int {
 		x.table([]string{"PROGRAM", "VERSION", "REVISION", "GO"}, []string{"coordctl", v.Version, v.Revision, v.GoVersion})
 	}
 	return exitOK
+}
+
+// heldState is a holder's STATE cell: "held", or a reader's or a
+// semaphore's slot's.
+func heldState(h client.Holder) string {
+	switch {
+	case h.Shared:
+		return "held (shared)"
+	case h.Limit > 1:
+		return fmt.Sprintf("held (slot %d of %d)", h.Slot, h.Limit)
+	}
+	return "held"
 }

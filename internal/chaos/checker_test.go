@@ -66,6 +66,45 @@ func TestCheckerCatchesFaultyHistories(t *testing.T) {
 	}
 }
 
+// sem is an acquisition of a semaphore of limit n; rd a reader's.
+func sem(c int, tok int64, n int32) chaos.Op {
+	o := acq(c, tok)
+	o.Limit = n
+	return o
+}
+func rd(c int, tok int64) chaos.Op {
+	o := acq(c, tok)
+	o.Shared = true
+	return o
+}
+
+// TestCheckerSemaphoresAndReadWriteLocks: the model's N holders and shared
+// holders, on histories a correct and a broken coordinator would record.
+func TestCheckerSemaphoresAndReadWriteLocks(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ops  []chaos.Op
+		want porcupine.CheckResult
+	}{
+		{"semaphore: three holders of 3, all valid", h(sem(1, 10, 3), sem(2, 11, 3), sem(3, 12, 3), op(1, chaos.Validate, 10, chaos.OK), op(2, chaos.Validate, 11, chaos.OK), op(3, chaos.KeepAlive, 12, chaos.OK)), porcupine.Ok},
+		{"semaphore: a fourth holder of 3 while all three hold", h(sem(1, 10, 3), sem(2, 11, 3), sem(3, 12, 3), sem(4, 13, 3), op(1, chaos.Validate, 10, chaos.OK), op(2, chaos.Validate, 11, chaos.OK), op(3, chaos.Validate, 12, chaos.OK)), porcupine.Illegal},
+		{"semaphore: a fourth after one expired", h(sem(1, 10, 3), sem(2, 11, 3), sem(3, 12, 3), sem(4, 13, 3), op(2, chaos.Validate, 11, chaos.OK), op(3, chaos.Validate, 12, chaos.OK), op(4, chaos.Validate, 13, chaos.OK)), porcupine.Ok},
+		{"semaphore: grants out of token order", h(sem(1, 12, 3), sem(2, 11, 3)), porcupine.Illegal},
+		{"readers overlap", h(rd(1, 10), rd(2, 11), op(1, chaos.Validate, 10, chaos.OK), op(2, chaos.Validate, 11, chaos.OK)), porcupine.Ok},
+		{"a writer beside a reader", h(rd(1, 10), acq(2, 11), op(1, chaos.Validate, 10, chaos.OK), op(2, chaos.Validate, 11, chaos.OK)), porcupine.Illegal},
+		{"a reader beside a writer", h(acq(1, 10), rd(2, 11), op(1, chaos.Validate, 10, chaos.OK)), porcupine.Illegal},
+		{"a reader below the last writer", h(acq(1, 10), op(1, chaos.Release, 10, chaos.OK), rd(2, 9)), porcupine.Illegal},
+		{"a reader's token raising a mark", h(rd(1, 10), op(1, chaos.ValidateResource, 10, chaos.OK)), porcupine.Illegal},
+		{"a writer after the readers left raises the mark", h(rd(1, 10), rd(2, 11), op(1, chaos.Release, 10, chaos.OK), op(2, chaos.Release, 11, chaos.OK), acq(3, 12), op(3, chaos.ValidateResource, 12, chaos.OK)), porcupine.Ok},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if v := chaos.CheckLinearizable(tc.ops, 10*time.Second); v.Result != tc.want {
+				t.Fatalf("verdict %s, want %s", v.Result, tc.want)
+			}
+		})
+	}
+}
+
 // TestCheckerConcurrentOverlap: overlapping calls may be ordered either way.
 func TestCheckerConcurrentOverlap(t *testing.T) {
 	ops := []chaos.Op{

@@ -74,6 +74,11 @@ type Op struct {
 	// SafeUntil is the answer's safe_until (history time) for an Acquire
 	// or KeepAlive that answered OK; 0 otherwise.
 	SafeUntil int64
+	// Limit is the semaphore limit the acquisition asked for (0 or 1: a
+	// mutex); Shared marks a read-write lock's reader's acquisition (and the
+	// operations on its grant).
+	Limit  int32
+	Shared bool
 }
 
 func (o Op) String() string {

@@ -61,6 +61,8 @@ type run struct {
 	// returns (a slow fault, such as a full cluster restart on a loaded
 	// machine, must still leave time to observe the recovery).
 	after time.Duration
+	// kinds makes names semaphores or read-write locks (Workload.Kinds).
+	kinds map[string]chaos.NameKind
 }
 
 type result struct {
@@ -78,7 +80,7 @@ func (r run) exec(t *testing.T, e *chaos.Env, fault func(ctx context.Context, w 
 		r.perName = 3
 	}
 	w := &chaos.Workload{Replicas: clients(e), Names: r.names, ClientsPerName: r.perName, PauseOneIn: r.pauseOneIn, Seed: r.seed,
-		Compacted: e.Compactor.Compacted}
+		Compacted: e.Compactor.Compacted, Kinds: r.kinds}
 	if r.after == 0 {
 		r.after = 4 * time.Second
 	}

@@ -8,33 +8,104 @@ import (
 	"github.com/anishathalye/porcupine"
 )
 
-// lockState is the model's state of one lock name: the current holder's
-// token (0 = free), the last token granted, and the high-water mark of the
-// name's protected resource ("res/"+name).
+// maxHolders bounds the holders the model tracks: the chaos workload's
+// semaphores have a limit of at most maxHolders, and its read-write locks
+// at most maxHolders readers per name (ClientsPerName).
+const maxHolders = 8
+
+// lockState is the model's state of one lock name: the current holders'
+// tokens (a mutex's or a writer's alone, a semaphore's up to its limit, or
+// readers: shared), the last token granted (last) and the last granted
+// exclusively (lastX), and the high-water mark of the name's protected
+// resource ("res/"+name). Comparable, as porcupine's states must be.
 type lockState struct {
-	holder int64
-	last   int64
-	mark   int64
+	holders [maxHolders]int64 // 0: a free place
+	shared  bool              // the holders are readers
+	last    int64
+	lastX   int64
+	mark    int64
+}
+
+func (s lockState) count() int {
+	n := 0
+	for _, h := range s.holders {
+		if h != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+func (s lockState) holds(token int64) bool {
+	return token != 0 && slices.Contains(s.holders[:], token)
+}
+
+// without is s with the holder token gone.
+func (s lockState) without(token int64) lockState {
+	for i, h := range s.holders {
+		if h == token {
+			s.holders[i] = 0
+		}
+	}
+	if s.count() == 0 {
+		s.shared = false
+	}
+	return s
+}
+
+// with is s with a new holder token, or false if there is no place.
+func (s lockState) with(token int64, shared bool) (lockState, bool) {
+	for i, h := range s.holders {
+		if h == 0 {
+			s.holders[i], s.shared = token, shared
+			return s, true
+		}
+	}
+	return s, false
+}
+
+// admits reports whether s may grant op's acquisition now: a semaphore
+// below its limit, a reader beside readers only, anyone else alone; and
+// with a token above every earlier grant's (a reader's: above every
+// earlier exclusive grant's; readers hold in no order among themselves).
+func (s lockState) admits(op Op) bool {
+	n := s.count()
+	switch {
+	case op.Limit > 1:
+		return n < int(op.Limit) && !s.shared && op.Token > s.last
+	case op.Shared:
+		return (n == 0 || s.shared) && op.Token > s.lastX
+	}
+	return n == 0 && op.Token > s.last
 }
 
 // step applies op to s with a definite outcome, reporting whether that is
-// legal. The rules: tokens strictly increase; only the holder is valid,
+// legal. The rules: tokens increase (see admits); only a holder is valid,
 // renews or releases; nobody releases with a handle that is not the
-// grantee's. Expiry (holder -> 0) is handled by the caller.
+// grantee's; a resource's mark rises only by an exclusive holder's token.
+// Expiry (a holder leaving) is handled by the caller.
 func step(s lockState, op Op, out Outcome) (lockState, bool) {
 	switch op.Kind {
 	case Acquire:
 		if out != OK {
 			return s, true // not granted: nothing changed
 		}
-		if op.Token <= s.last {
+		if !s.admits(op) {
 			return s, false
 		}
-		return lockState{holder: op.Token, last: op.Token, mark: s.mark}, true
+		n, ok := s.with(op.Token, op.Shared)
+		if !ok {
+			return s, false
+		}
+		n.last = max(n.last, op.Token)
+		if !op.Shared {
+			n.lastX = max(n.lastX, op.Token)
+		}
+		return n, true
 	case ValidateResource:
-		// Valid only for the holder at or above the mark, which it
-		// advances; refused otherwise (superseded, not held, fenced).
-		ok := s.holder == op.Token && op.Token >= s.mark
+		// Valid only for an exclusive holder at or above the mark, which
+		// it advances; refused otherwise (superseded, not held, fenced).
+		ok := s.holds(op.Token) && !s.shared && op.Token >= s.mark
 		if out == OK {
 			if !ok {
 				return s, false
@@ -43,31 +114,43 @@ func step(s lockState, op Op, out Outcome) (lockState, bool) {
 			return s, true
 		}
 		return s, !ok
-	case Validate:
+	case Validate, KeepAlive:
 		if out == OK {
-			return s, s.holder == op.Token
+			return s, s.holds(op.Token)
 		}
-		return s, s.holder != op.Token
-	case KeepAlive:
-		if out == OK {
-			return s, s.holder == op.Token
-		}
-		return s, s.holder != op.Token
+		return s, !s.holds(op.Token)
 	case Release:
 		if out == OK {
-			if s.holder != op.Token {
+			if !s.holds(op.Token) {
 				return s, false
 			}
-			return lockState{last: s.last, mark: s.mark}, true
+			return s.without(op.Token), true
 		}
-		return s, s.holder != op.Token
+		return s, !s.holds(op.Token)
 	case ReleaseOther:
 		return s, out != OK
 	}
 	return s, false
 }
 
-// Model is the porcupine model of one lock service, partitioned by name.
+// expiries are the states s can reach by leases ending: any subset of its
+// holders gone (s itself first).
+func expiries(s lockState) []lockState {
+	out := []lockState{s}
+	for _, h := range s.holders {
+		if h == 0 {
+			continue
+		}
+		for _, st := range out[:len(out):len(out)] {
+			out = append(out, st.without(h))
+		}
+	}
+	return out
+}
+
+// Model is the porcupine model of one lock service, partitioned by name:
+// mutexes, counting semaphores (N holders) and read-write locks (one
+// writer or readers).
 //
 // A lease can end at any instant (expiry: pauses, partitions and etcd
 // leader changes make it possible), so before every operation the holder
@@ -86,10 +169,7 @@ func Model() porcupine.Model {
 		Step: func(state, input, _ any) []any {
 			s := state.(lockState)
 			op := input.(Op)
-			starts := []lockState{s}
-			if s.holder != 0 {
-				starts = append(starts, lockState{last: s.last, mark: s.mark})
-			}
+			starts := expiries(s)
 			outs := []Outcome{op.Outcome}
 			if op.Outcome == Ambiguous {
 				outs = []Outcome{OK, Failed}
@@ -110,7 +190,7 @@ func Model() porcupine.Model {
 		DescribeOperation: func(input, _ any) string { return input.(Op).String() },
 		DescribeState: func(state any) string {
 			s := state.(lockState)
-			return fmt.Sprintf("holder=%d last=%d mark=%d", s.holder, s.last, s.mark)
+			return fmt.Sprintf("holders=%v shared=%v last=%d lastX=%d mark=%d", s.holders, s.shared, s.last, s.lastX, s.mark)
 		},
 	}
 	return nm.ToModel()

@@ -23,10 +23,14 @@ type grantLife struct {
 	granted int64 // the first grant answer's return
 	safe    int64
 	release int64 // the first release call by the grantee (MaxInt64: none)
+	limit   int32 // a semaphore's limit (0 or 1: one holder)
+	shared  bool  // a read-write lock's reader
 }
 
 // CheckSafeUntil reports every grant given while an earlier grant of the
-// same name was still inside its safe_until and not released by its holder:
+// same name was still inside its safe_until and not released by its holder
+// (for a semaphore of N: while N earlier grants were; readers beside
+// readers take nothing away):
 // the promise that a holder may work until safe_until (coordctl exec, the
 // SDK). The proof is one-sided, so it never blames a legal history: a
 // greater token is granted only after the earlier grant ended in etcd, every
@@ -50,6 +54,7 @@ func CheckSafeUntil(ops []Op) []string {
 		}
 		if op.Kind == Acquire {
 			g.granted = min(g.granted, op.Return)
+			g.limit, g.shared = op.Limit, op.Shared
 		}
 		g.safe = max(g.safe, op.SafeUntil)
 	}
@@ -61,17 +66,25 @@ func CheckSafeUntil(ops []Op) []string {
 		}
 	}
 	var out []string
-	for _, early := range order {
-		for _, later := range order {
-			if later.name != early.name || later.token <= early.token || later.granted == math.MaxInt64 {
-				continue
-			}
+	for _, later := range order {
+		if later.granted == math.MaxInt64 {
+			continue
+		}
+		var inside []*grantLife // earlier grants still promised when later was answered
+		for _, early := range order {
 			// A release invoked before the later grant's answer may be
 			// what ended the earlier grant: not a broken promise.
-			if later.granted < early.safe-int64(safeSlack) && later.granted < early.release {
-				out = append(out, fmt.Sprintf("%q: token %d (client %d) granted at %d while token %d (client %d) was inside its safe_until %d (%v left), not released",
-					later.name, later.token, later.client, later.granted, early.token, early.client, early.safe, time.Duration(early.safe-later.granted)))
+			if early.name == later.name && early.token < later.token && (!early.shared || !later.shared) &&
+				later.granted < early.safe-int64(safeSlack) && later.granted < early.release {
+				inside = append(inside, early)
 			}
+		}
+		if len(inside) < int(max(later.limit, 1)) {
+			continue // a semaphore's grant beside fewer than its limit of earlier ones
+		}
+		for _, early := range inside {
+			out = append(out, fmt.Sprintf("%q: token %d (client %d) granted at %d while token %d (client %d) was inside its safe_until %d (%v left), not released",
+				later.name, later.token, later.client, later.granted, early.token, early.client, early.safe, time.Duration(early.safe-later.granted)))
 		}
 	}
 	return out

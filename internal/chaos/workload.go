@@ -41,6 +41,12 @@ type Workload struct {
 	// start_revision answers OUT_OF_RANGE.
 	Compacted func() int64
 
+	// Kinds makes names semaphores or read-write locks (unlisted: mutexes).
+	// Their holders validate and renew but do not write the register, and
+	// no watcher follows them; a read-write lock's writers write as a
+	// mutex's holders do.
+	Kinds map[string]NameKind
+
 	Rec *Recorder
 	Reg *Register
 
@@ -48,6 +54,14 @@ type Workload struct {
 	paused  atomic.Int64
 	holds   atomic.Int64
 	once    sync.Once
+}
+
+// NameKind is how a name's acquisitions share it: a semaphore of Limit
+// (> 1), or a read-write lock (ReadWrite: each acquisition a reader or a
+// writer at random).
+type NameKind struct {
+	Limit     int32
+	ReadWrite bool
 }
 
 // defaults fills the unset fields, once (Run and Client may race to it).
@@ -100,8 +114,12 @@ func (w *Workload) Run(ctx context.Context) {
 			wg.Go(func() { c.loop(ctx) })
 		}
 	}
-	// One watcher per name (ids from 500), resuming its Watch streams.
+	// One watcher per mutex's name (ids from 500), resuming its Watch
+	// streams.
 	for i, name := range w.Names {
+		if _, shaped := w.Kinds[name]; shaped {
+			continue
+		}
 		id := 500 + i
 		wt := &watcher{w: w, c: &Client{w: w, id: id, name: name, home: id % len(w.Replicas)}, rng: mrand.New(mrand.NewPCG(w.Seed, uint64(id)))}
 		wg.Go(func() { wt.loop(ctx) })
@@ -121,6 +139,9 @@ type Client struct {
 	name string
 	home int
 	rng  *mrand.Rand
+	// shared: the client's current acquisition is a reader's (recorded
+	// with every operation on it, as is the name's limit).
+	shared bool
 }
 
 // Use makes the client call replica i (modulo the number of replicas).
@@ -147,7 +168,7 @@ func (c *Client) call(ctx context.Context, kind Kind, token int64, f func(contex
 func (c *Client) callT(ctx context.Context, timeout time.Duration, kind Kind, token int64, f func(context.Context) (reply, error)) (int64, Outcome) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	op := Op{Client: c.id, Name: c.name, Kind: kind, Token: token, Call: c.w.Rec.Now()}
+	op := Op{Client: c.id, Name: c.name, Kind: kind, Token: token, Call: c.w.Rec.Now(), Limit: c.w.Kinds[c.name].Limit, Shared: c.shared}
 	r, err := f(cctx)
 	return r.token, c.record(op, r, err)
 }
@@ -212,10 +233,14 @@ func (c *Client) AcquireID(ctx context.Context, rid string, tries int) (*coordin
 		}
 		var resp *coordinatorv1.AcquireResponse
 		_, out = c.callT(ctx, timeout, Acquire, 0, func(cctx context.Context) (reply, error) {
-			r, err := c.LC().Acquire(cctx, &coordinatorv1.AcquireRequest{
+			req := &coordinatorv1.AcquireRequest{
 				Name: c.name, Ttl: durationpb.New(ttl), Wait: durationpb.New(wait),
-				Owner: fmt.Sprintf("client-%d", c.id), RequestId: rid,
-			})
+				Owner: fmt.Sprintf("client-%d", c.id), RequestId: rid, Limit: c.w.Kinds[c.name].Limit,
+			}
+			if c.shared {
+				req.Mode = coordinatorv1.LockMode_LOCK_MODE_SHARED
+			}
+			r, err := c.LC().Acquire(cctx, req)
 			if err != nil {
 				return reply{}, err
 			}
@@ -308,6 +333,10 @@ func sleep(ctx context.Context, d time.Duration) {
 }
 
 func (c *Client) loop(ctx context.Context) {
+	if _, shaped := c.w.Kinds[c.name]; shaped {
+		c.sharedLoop(ctx)
+		return
+	}
 	for ctx.Err() == nil {
 		if c.rng.IntN(4) == 0 {
 			c.w.holds.Add(1)

@@ -261,6 +261,7 @@ func TestMetricsAfterAScriptedScenario(t *testing.T) {
 		want           float64
 	}{
 		{"coordinatord_acquisitions_total", "outcome=granted", 4},
+		{"coordinatord_grants_total", "kind=mutex", 4},
 		{"coordinatord_acquisitions_total", "outcome=not_granted", 2},
 		{"coordinatord_acquisitions_total", "outcome=invalid_argument", 1},
 		{"coordinatord_acquisitions_total", "outcome=canceled", 1},

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
 
@@ -18,14 +19,14 @@ func BenchmarkViewHolder(b *testing.B) {
 	w.live, w.rev, w.queues = true, 10, map[string][]member{}
 	for i := range 100_000 {
 		q := fmt.Sprintf("/p/locks/lock-%d/", i)
-		w.put(q, q+"b", int64(2*i+2))
-		w.put(q, q+"a", int64(2*i+1))
+		w.put(q, q+"b", int64(2*i+2), keyspace.Shape{})
+		w.put(q, q+"a", int64(2*i+1), keyspace.Shape{})
 	}
 	ctx := context.Background()
 	q := "/p/locks/lock-4242/"
 	for b.Loop() {
-		if cur, ok := w.holder(ctx, q, 10); !ok || cur != 2*4242+1 {
-			b.Fatalf("holder = %d, %v", cur, ok)
+		if hs, ok := w.holders(ctx, q, 10); !ok || hs.oldest != 2*4242+1 || hs.all != nil {
+			b.Fatalf("holders = %v, %v", hs, ok)
 		}
 	}
 }

@@ -14,9 +14,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync/atomic"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/coordinatord/coordinatord/internal/etcdx"
@@ -203,17 +205,17 @@ func (v *Validator) validate(ctx context.Context, name string, token int64) (Ver
 		if err != nil {
 			return Verdict{}, v.etcdErr(ctx, "validate", err)
 		}
-		if cur, ok := w.holder(ctx, v.ks.Queue(name), rev); ok {
+		if hs, ok := w.holders(ctx, v.ks.Queue(name), rev); ok {
 			v.viewed.Add(1)
-			curTok, err := v.holderToken(ctx, cur, rev)
+			e, err := v.epochs.Epoch(ctx, rev)
 			if err != nil {
 				return Verdict{}, err
 			}
-			return judge(token, curTok, 0), nil
+			return hs.inEpoch(e).judge(token, 0), nil
 		}
 		v.readBack.Add(1)
 	}
-	r, err := v.reads.get(clientv3.OpGet(v.ks.Queue(name), append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...))
+	r, err := v.reads.get(clientv3.OpGet(v.ks.Queue(name), clientv3.WithFirstCreate()...))
 	if err == nil && ctx.Err() != nil {
 		err = ctx.Err()
 	}
@@ -223,12 +225,71 @@ func (v *Validator) validate(ctx context.Context, name string, token int64) (Ver
 	var cur int64
 	if len(r.Kvs) > 0 {
 		cur = r.Kvs[0].CreateRevision
+		if s, _ := keyspace.ShapeOf(r.Kvs[0].Value); !s.Plain() {
+			e, err := v.epochs.Epoch(ctx, r.Header.Revision)
+			if err != nil {
+				return Verdict{}, err
+			}
+			if te, trev := keyspace.SplitToken(token); te == e && cur < trev {
+				// A semaphore's or readers' queue: token may be a later
+				// holder's. Read the entries up to it (at a later revision:
+				// still inside the call).
+				q, err := v.cli.Get(ctx, v.ks.Queue(name), clientv3.WithPrefix(), clientv3.WithMaxCreateRev(trev),
+					clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+				if err != nil {
+					return Verdict{}, v.etcdErr(ctx, "validate", err)
+				}
+				return judgeAmong(token, tokensIn(e, holderTokens(q.Kvs)), 0), nil
+			}
+		}
 	}
 	curTok, err := v.holderToken(ctx, cur, r.Header.Revision)
 	if err != nil {
 		return Verdict{}, err
 	}
 	return judge(token, curTok, 0), nil
+}
+
+// tokensIn are the tokens, in epoch e, of the create revisions revs.
+func tokensIn(e int64, revs []int64) []int64 {
+	out := make([]int64, len(revs))
+	for i, r := range revs {
+		out[i] = keyspace.TokenOf(e, r)
+	}
+	return out
+}
+
+// holderTokens are the create revisions of the holders among a queue's
+// entries in create-revision order (their tokens in epoch 0: tokensIn).
+func holderTokens(kvs []*mvccpb.KeyValue) []int64 {
+	shapes := make([]keyspace.Shape, len(kvs))
+	for i, kv := range kvs {
+		shapes[i], _ = keyspace.ShapeOf(kv.Value)
+	}
+	out := make([]int64, keyspace.Holders(shapes))
+	for i := range out {
+		out[i] = kvs[i].CreateRevision
+	}
+	return out
+}
+
+// judgeAmong is judge for a queue of several holders (hs, oldest first;
+// none: free): Current if token is one of them; Superseded if a holder's
+// token is greater; CurrentToken is the token itself when current, else
+// the newest holder's.
+func judgeAmong(token int64, hs []int64, mark int64) Verdict {
+	if len(hs) <= 1 {
+		var cur int64
+		if len(hs) == 1 {
+			cur = hs[0]
+		}
+		return judge(token, cur, mark)
+	}
+	newest := hs[len(hs)-1]
+	if slices.Contains(hs, token) {
+		return judge(token, token, mark)
+	}
+	return judge(token, newest, mark)
 }
 
 // judge is the verdict for token given the holder's token cur (0: free) and
@@ -257,7 +318,7 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 	markKey := v.markKey(resource)
 	// A read-only transaction: both reads at one linearizable revision.
 	r, err := v.cli.Txn(ctx).Then(
-		clientv3.OpGet(queue, append(clientv3.WithFirstCreate(), clientv3.WithKeysOnly())...),
+		clientv3.OpGet(queue, clientv3.WithFirstCreate()...),
 		clientv3.OpGet(markKey),
 	).Commit()
 	if err != nil {
@@ -269,6 +330,15 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 	)
 	if kvs := r.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
 		cur, holderKey = kvs[0].CreateRevision, string(kvs[0].Key)
+		if s, _ := keyspace.ShapeOf(kvs[0].Value); !s.Plain() {
+			e, err := v.epochs.Epoch(ctx, r.Header.Revision)
+			if err != nil {
+				return Verdict{}, attemptDone, err
+			}
+			if te, trev := keyspace.SplitToken(token); te == e && cur <= trev {
+				return v.validateShapedAt(ctx, name, token, e, resource, ih)
+			}
+		}
 	}
 	if cur, err = v.holderToken(ctx, cur, r.Header.Revision); err != nil {
 		return Verdict{}, attemptDone, err
@@ -308,12 +378,19 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 		clientv3.Compare(clientv3.CreateRevision(queue), ">", rev-1).WithPrefix(),
 		clientv3.Compare(clientv3.CreateRevision(holderKey), "=", rev),
 	}
+	return v.advance(ctx, verdict, holds, markKey, markMR, m, Mark{Resource: resource, Token: token, Lock: name, creator: ih})
+}
+
+// advance raises the mark at markKey (of mod revision markMR, 0: none yet;
+// its current value m) to next.Token while holds hold: creating it
+// (createAt), or moving it.
+func (v *Validator) advance(ctx context.Context, verdict Verdict, holds []clientv3.Cmp, markKey string, markMR int64, m, next Mark) (Verdict, attempt, error) {
 	if markMR == 0 {
-		return v.createAt(ctx, verdict, holds, Mark{Resource: resource, Token: token, Lock: name, creator: ih})
+		return v.createAt(ctx, verdict, holds, markKey, next)
 	}
 	// The creator stays (its cap counts the mark until it is deleted); an
 	// advance ends any idle period retention saw.
-	next := Mark{Resource: resource, Token: token, Lock: name, creator: m.creator}
+	next.creator = m.creator
 	tr, err := v.cli.Txn(ctx).If(append(holds,
 		clientv3.Compare(clientv3.ModRevision(markKey), "=", markMR))...,
 	).Then(clientv3.OpPut(markKey, next.encode())).Commit()
@@ -323,7 +400,7 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 	if !tr.Succeeded {
 		return Verdict{}, attemptLostAdvance, nil
 	}
-	verdict.Mark = token
+	verdict.Mark = next.Token
 	return verdict, attemptDone, nil
 }
 
@@ -332,7 +409,7 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 // the creator is under its cap: the counter read here is compared (mod
 // revision) and raised in the same transaction, so no burst on any number
 // of replicas creates more than the cap.
-func (v *Validator) createAt(ctx context.Context, verdict Verdict, holds []clientv3.Cmp, next Mark) (Verdict, attempt, error) {
+func (v *Validator) createAt(ctx context.Context, verdict Verdict, holds []clientv3.Cmp, markKey string, next Mark) (Verdict, attempt, error) {
 	release, err := v.creating.acquire(ctx, next.creator)
 	if err != nil {
 		return Verdict{}, attemptDone, err
@@ -345,7 +422,6 @@ func (v *Validator) createAt(ctx context.Context, verdict Verdict, holds []clien
 	if err := v.admit(c); err != nil {
 		return Verdict{}, attemptDone, err
 	}
-	markKey := v.markKey(next.Resource)
 	tr, err := v.cli.Txn(ctx).If(append(holds,
 		clientv3.Compare(clientv3.ModRevision(markKey), "=", 0),
 		clientv3.Compare(clientv3.ModRevision(c.key), "=", c.mr))...,

@@ -1,10 +1,12 @@
 package fence
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -13,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/coordinatord/coordinatord/internal/etcdx"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // view is a watch-fed copy of every lock queue's keys (their create
@@ -51,22 +54,86 @@ const viewWait = 250 * time.Millisecond
 type member struct {
 	suffix string
 	rev    int64
+	shape  keyspace.Shape // a semaphore's or a reader's entry (keyspace.ShapeOf)
 }
 
-// put records key (of queue q) with create revision rev; w.mu is held.
-func (w *view) put(q, key string, rev int64) {
+// put records key (of queue q) with create revision rev and shape; w.mu
+// is held.
+func (w *view) put(q, key string, rev int64, shape keyspace.Shape) {
 	suffix := key[len(q):]
 	ms := w.queues[q]
 	for i := range ms {
 		if ms[i].suffix == suffix {
-			ms[i].rev = rev
+			ms[i].rev, ms[i].shape = rev, shape
 			return
 		}
 	}
 	if ms == nil {
 		q = strings.Clone(q) // not a slice of key: the key's bytes can go
 	}
-	w.queues[q] = append(ms, member{strings.Clone(suffix), rev})
+	w.queues[q] = append(ms, member{strings.Clone(suffix), rev, shape})
+}
+
+// holderSet is a queue's holders: the oldest's token (0: free) and, for
+// a semaphore or readers, every holder's, oldest first (nil for a mutex:
+// the oldest alone holds, and the view's hot path allocates nothing).
+type holderSet struct {
+	oldest int64
+	all    []int64
+}
+
+// judge is the verdict for token against the holders and a mark.
+func (h holderSet) judge(token, mark int64) Verdict {
+	if h.all == nil {
+		return judge(token, h.oldest, mark)
+	}
+	return judgeAmong(token, h.all, mark)
+}
+
+// inEpoch is the holder set with its create revisions turned into the
+// tokens of epoch e (every queue entry is of the current epoch: raising it
+// deleted the others).
+func (h holderSet) inEpoch(e int64) holderSet {
+	if e == 0 {
+		return h
+	}
+	out := holderSet{oldest: keyspace.TokenOf(e, h.oldest)}
+	if h.oldest == 0 {
+		out.oldest = 0
+	}
+	if h.all != nil {
+		out.all = tokensIn(e, h.all)
+	}
+	return out
+}
+
+// holdersIn are the holders among a queue's members (keyspace.Holders).
+func holdersIn(ms []member) holderSet {
+	var oldest member
+	for i, m := range ms {
+		if i == 0 || m.rev < oldest.rev {
+			oldest = m
+		}
+	}
+	if len(ms) <= 1 || oldest.shape.Plain() {
+		return holderSet{oldest: oldest.rev}
+	}
+	return holderSet{oldest: oldest.rev, all: holdersOf(ms)}
+}
+
+// holdersOf are the tokens of the holders among a queue's members, oldest
+// first.
+func holdersOf(ms []member) []int64 {
+	sorted := slices.SortedFunc(slices.Values(ms), func(a, b member) int { return cmp.Compare(a.rev, b.rev) })
+	shapes := make([]keyspace.Shape, len(sorted))
+	for i, m := range sorted {
+		shapes[i] = m.shape
+	}
+	out := make([]int64, keyspace.Holders(shapes))
+	for i := range out {
+		out[i] = sorted[i].rev
+	}
+	return out
 }
 
 // del forgets key (of queue q); w.mu is held.
@@ -91,9 +158,10 @@ func newView(cli *clientv3.Client, prefix string) *view {
 	return &view{cli: cli, prefix: prefix, moved: make(chan struct{})}
 }
 
-// holder returns the token of queue's holder (0: free) as of a revision at
-// or after min, or false if the view cannot answer in time.
-func (w *view) holder(ctx context.Context, queue string, min int64) (int64, bool) {
+// holders returns the tokens of queue's holders, oldest first (none:
+// free), as of a revision at or after min, or false if the view cannot
+// answer in time.
+func (w *view) holders(ctx context.Context, queue string, min int64) (holderSet, bool) {
 	var deadline *time.Timer // made only if the view has to catch up
 	defer func() {
 		if deadline != nil {
@@ -104,17 +172,12 @@ func (w *view) holder(ctx context.Context, queue string, min int64) (int64, bool
 		w.mu.Lock()
 		if !w.live {
 			w.mu.Unlock()
-			return 0, false
+			return holderSet{}, false
 		}
 		if w.rev >= min {
-			var cur int64
-			for _, m := range w.queues[queue] {
-				if cur == 0 || m.rev < cur {
-					cur = m.rev
-				}
-			}
+			hs := holdersIn(w.queues[queue])
 			w.mu.Unlock()
-			return cur, true
+			return hs, true
 		}
 		moved := w.moved
 		ask := !w.asked
@@ -133,9 +196,9 @@ func (w *view) holder(ctx context.Context, queue string, min int64) (int64, bool
 			w.mu.Lock()
 			w.asked = false // that request may have gone unanswered
 			w.mu.Unlock()
-			return 0, false
+			return holderSet{}, false
 		case <-ctx.Done():
-			return 0, false
+			return holderSet{}, false
 		}
 	}
 }
@@ -219,14 +282,15 @@ func (w *view) run(ctx context.Context, log *slog.Logger) error {
 func (w *view) follow(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	r, err := w.cli.Get(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	r, err := w.cli.Get(wctx, w.prefix, clientv3.WithPrefix())
 	if err != nil {
 		return fmt.Errorf("load: %w", err)
 	}
 	loaded := &view{queues: make(map[string][]member, len(r.Kvs))}
 	for _, kv := range r.Kvs {
 		key := string(kv.Key)
-		loaded.put(queueOf(key), key, kv.CreateRevision)
+		shape, _ := keyspace.ShapeOf(kv.Value)
+		loaded.put(queueOf(key), key, kv.CreateRevision, shape)
 	}
 	queues := loaded.queues
 	wch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(r.Header.Revision+1),
@@ -262,7 +326,8 @@ func (w *view) follow(ctx context.Context) error {
 				q := queueOf(key)
 				switch ev.Type {
 				case mvccpb.PUT:
-					w.put(q, key, ev.Kv.CreateRevision)
+					shape, _ := keyspace.ShapeOf(ev.Kv.Value)
+					w.put(q, key, ev.Kv.CreateRevision, shape)
 				case mvccpb.DELETE:
 					w.del(q, key)
 				}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
 
@@ -162,15 +163,15 @@ func TestViewNeverAnswersBehindTheBarrier(t *testing.T) {
 	_, v := setup(t)
 	w := newView(v.cli, v.ks.Locks())
 	w.mu.Lock()
-	w.live, w.rev, w.queues = true, 5, map[string][]member{"q/": {{"a", 3}}}
+	w.live, w.rev, w.queues = true, 5, map[string][]member{"q/": {{"a", 3, keyspace.Shape{}}}}
 	asked := 0
 	w.request = func() { asked++ }
 	w.mu.Unlock()
-	if cur, ok := w.holder(context.Background(), "q/", 5); !ok || cur != 3 {
-		t.Fatalf("holder at the view's revision = %d, %v", cur, ok)
+	if hs, ok := w.holders(context.Background(), "q/", 5); !ok || hs.oldest != 3 {
+		t.Fatalf("holders at the view's revision = %v, %v", hs, ok)
 	}
 	start := time.Now()
-	if _, ok := w.holder(context.Background(), "q/", 6); ok {
+	if _, ok := w.holders(context.Background(), "q/", 6); ok {
 		t.Fatal("answered for a revision the view has not reached")
 	}
 	if asked != 1 || time.Since(start) < viewWait {

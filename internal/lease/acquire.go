@@ -23,6 +23,10 @@ type Grant struct {
 	// Resumed is true when a retry with the same request id returned an
 	// existing grant.
 	Resumed bool
+	// Slot is a semaphore holder's slot (0..limit-1); Shared marks a
+	// read-write lock's reader.
+	Slot   int32
+	Shared bool
 }
 
 // SafetyMargin is how long before expires_at a holder must stop working:
@@ -124,9 +128,7 @@ func (m *Manager) start(ctx, parent context.Context, name string, o acquireOptio
 // lock for it; whatever fails withdraws the attempt's entry.
 func (m *Manager) queued(ctx, parent context.Context, a *attempt, o acquireOptions, timeout <-chan time.Time) (*Grant, error) {
 	if o.hasWait && o.wait == 0 {
-		holder := m.holderToken(ctx, a.name)
-		m.withdraw(a)
-		return nil, &NotGrantedError{Name: a.name, HolderToken: holder}
+		return m.tryOnce(ctx, parent, a)
 	}
 	if err := m.wait(ctx, parent, a, timeout); err != nil {
 		m.withdraw(a)
@@ -139,9 +141,38 @@ func (m *Manager) queued(ctx, parent context.Context, a *attempt, o acquireOptio
 	return g, err
 }
 
+// tryOnce answers a try-lock (wait 0) that did not hold at once: refused,
+// unless a reader's or a semaphore's entry, whose admission no join
+// compares, is admitted by one read; then it claims.
+func (m *Manager) tryOnce(ctx, parent context.Context, a *attempt) (*Grant, error) {
+	if q := m.admissionOf(a); !q.comparable() {
+		t, slot, op, err := q.blocker(ctx, m.cli, a.token)
+		var mismatch *LimitMismatchError
+		switch {
+		case errors.As(err, &mismatch):
+			m.withdraw(a)
+			return nil, err
+		case err != nil:
+			m.withdraw(a)
+			return nil, m.etcdErr(parent, op, err)
+		case t.key == "":
+			a.rec.Slot = slot
+			g, err := m.claim(ctx, parent, a)
+			if err != nil && !errors.Is(err, ErrLostWhileWaiting) {
+				m.withdraw(a)
+			}
+			return g, err
+		}
+	}
+	holder := m.holderToken(ctx, a.name)
+	m.withdraw(a)
+	return nil, &NotGrantedError{Name: a.name, HolderToken: holder}
+}
+
 // grantOf is the grant of a, its lease refreshed at refreshed for ttl.
 func (m *Manager) grantOf(a *attempt, refreshed time.Time, ttl time.Duration) *Grant {
 	exp := refreshed.Add(ttl)
 	return &Grant{Name: a.name, Token: a.token, Handle: a.handle, LeaseID: int64(a.id), TTL: ttl,
-		ExpiresAt: exp, SafeUntil: exp.Add(-SafetyMargin(ttl)), AcquiredAt: unixTime(a.rec.Acquired)}
+		ExpiresAt: exp, SafeUntil: exp.Add(-SafetyMargin(ttl)), AcquiredAt: unixTime(a.rec.Acquired),
+		Slot: a.rec.Slot, Shared: a.rec.Shared}
 }

@@ -5,37 +5,61 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // admission is the queue's admission rule: the one place that says which
-// entries of a lock's queue hold it. Today a lock admits one holder, the
-// entry with the lowest create revision (first come, first served), once
-// no other grant's lock-delay is pending; every other entry waits for the
-// one key that stands between it and admission, its immediate predecessor,
-// so that a hand-off wakes one waiter (no thundering herd).
+// entries of a lock's queue hold it (the rule as a function of position is
+// keyspace.Admitted, which internal/fence shares). A mutex (or a
+// read-write lock's writer) admits one holder, the entry with the lowest
+// create revision (first come, first served), once no other grant's
+// lock-delay is pending; a read-write lock's readers hold together while
+// every older entry is a reader; a semaphore of limit N admits the N
+// oldest entries, granted in queue order, each on a slot (shaped.go). Every
+// waiter watches one key that stands between it and admission (its
+// immediate predecessor, the nearest older writer, or, for a semaphore's
+// oldest waiter, the queue's ends), so that a hand-off wakes one waiter (no
+// thundering herd).
 //
 // The acquisition uses the rule only through these methods: the join
 // holds at once when admits(0) holds (join.go), the claim commits only
-// while admits(token) holds (claim.go), and the wait watches blocker's key
-// until there is none (wait.go; the join reads the first one for it:
-// joinRead, joinBlocker). Readers find the holder with holderRead and
-// admittedAt (ForceRelease, Describe, holderToken; Watch takes the oldest
-// entry of its state: head). A queue admitting N holders (a semaphore), or
-// shared and exclusive holders (a read-write lock), is a change of these
-// methods (and of head) and of nothing else.
+// while admits(token) holds (claim.go; a reader's or a semaphore's entry,
+// whose admission is no compare, claims once blocker finds nothing), and
+// the wait watches blocker's target until there is none (wait.go; the join
+// reads a mutex's first one for it: joinRead, joinBlocker). Readers find
+// the holders with holderRead and admittedAt (ForceRelease, Describe,
+// holderToken; Watch and List use keyspace.Holders).
 type admission struct {
 	queue string // the queue's prefix: one entry per acquisition
 	delay string // the lock-delay key: while it exists, nobody new is admitted
+	// The admitted entry's shape (keyspace.Shape): a mutex (or writer), a
+	// reader or a semaphore's; and the semaphore's slot lock-delay keys.
+	shape     keyspace.Shape
+	name      string
+	slotDelay func(slot int32) string
 }
 
 func (m *Manager) admission(name string) admission {
-	return admission{queue: m.ks.Queue(name), delay: m.ks.delay(name)}
+	return admission{queue: m.ks.Queue(name), delay: m.ks.delay(name), name: name,
+		slotDelay: func(slot int32) string { return m.ks.SlotDelay(name, slot) }}
+}
+
+// admissionOf is the rule as it applies to the entry of attempt a.
+func (m *Manager) admissionOf(a *attempt) admission {
+	q := m.admission(a.name)
+	q.shape = a.rec.shape()
+	return q
 }
 
 // admits is the rule as etcd compares it: all hold exactly when the entry
 // of create revision token is admitted, or, for token 0, when an entry
 // that this very transaction writes would be. No entry older than it is in
 // the queue (for token 0: no entry at all), and no lock-delay is pending.
+// Only a mutex's (or a writer's) admission is one compare; a reader or a
+// semaphore's entry is admitted by a read (blocker), which stays true
+// (older entries only ever leave), so its claim compares nothing more than
+// its own entry (comparable reports which).
 func (q admission) admits(token int64) []clientv3.Cmp {
 	older := clientv3.Compare(clientv3.CreateRevision(q.queue), "=", 0).WithPrefix()
 	if token != 0 {
@@ -44,28 +68,58 @@ func (q admission) admits(token int64) []clientv3.Cmp {
 	return []clientv3.Cmp{older, clientv3.Compare(clientv3.CreateRevision(q.delay), "=", 0)}
 }
 
-// admittedAt reports whether the entry at position i of the queue, in
-// create-revision order, holds the lock.
-func (admission) admittedAt(i int) bool { return i == 0 }
+// comparable reports whether admits(token) decides the entry's admission
+// (a mutex's or a writer's entry).
+func (q admission) comparable() bool { return q.shape.Plain() }
 
-// holderRead is the read of the holder's entry: the oldest one.
+// admittedAt reports whether the entry at position i of the queue, in
+// create-revision order, holds the lock, given the shapes of the entries
+// (keyspace.Admitted).
+func (admission) admittedAt(shapes []keyspace.Shape, i int) bool {
+	return keyspace.Admitted(shapes[:i], shapes[i])
+}
+
+// holderRead is the read of the oldest holder's entry: the oldest one.
 func (q admission) holderRead() (string, []clientv3.OpOption) {
 	return q.queue, clientv3.WithFirstCreate()
 }
 
-// blocker is the key the entry of create revision token waits for: its
-// immediate predecessor, the newest entry older than it; or, with none,
-// another grant's pending lock-delay key. "" when nothing blocks it.
-// errOp names the read that failed.
-func (q admission) blocker(ctx context.Context, kv clientv3.KV, token int64) (key, errOp string, err error) {
+// target is what a waiter watches until it may be admitted: key's delete
+// (a mutex's predecessor, a pending lock-delay), or also its put (a
+// semaphore's predecessor waiting to be granted: its claim), or any delete
+// under the prefix key (a semaphore's first waiter: any holder's end). A
+// watch from rev+1 sees every change since the read that chose it (rev 0:
+// from now, then key's presence is checked).
+type target struct {
+	key    string
+	prefix bool
+	puts   bool
+	rev    int64
+}
+
+// blocker is what the entry of create revision token waits for (key ""
+// when nothing blocks it), and, for a semaphore's admitted entry, the slot
+// it is to claim. A mutex or writer waits for its immediate predecessor,
+// the newest entry older than it; or, with none, another grant's pending
+// lock-delay key. errOp names the read that failed; a
+// *LimitMismatchError refuses an entry of another limit than the queue's.
+func (q admission) blocker(ctx context.Context, kv clientv3.KV, token int64) (t target, slot int32, errOp string, err error) {
+	switch {
+	case q.shape.Semaphore():
+		return q.semaphoreBlocker(ctx, kv, token)
+	case q.shape.Shared:
+		t, errOp, err = q.readerBlocker(ctx, kv, token)
+		return t, 0, errOp, err
+	}
 	r, err := kv.Get(ctx, q.queue, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(token-1), clientv3.WithKeysOnly())...)
 	if err != nil {
-		return "", "find predecessor", err
+		return target{}, 0, "find predecessor", err
 	}
 	if len(r.Kvs) > 0 {
-		return string(r.Kvs[0].Key), "", nil
+		return target{key: string(r.Kvs[0].Key)}, 0, "", nil
 	}
-	return q.delayBlocker(ctx, kv, token)
+	key, errOp, err := q.delayBlocker(ctx, kv, token)
+	return target{key: key}, 0, errOp, err
 }
 
 // delayBlocker is the lock-delay key if another grant's lock-delay is
@@ -83,19 +137,26 @@ func (q admission) delayBlocker(ctx context.Context, kv clientv3.KV, token int64
 
 // joinRead is the read a join's queued branch makes right after its put:
 // the newest two entries, its own and its immediate predecessor, the first
-// key its wait watches.
+// key its wait watches (and whose shape says whether the queue is a
+// semaphore a mutex's entry cannot join).
 func (q admission) joinRead() clientv3.Op {
-	return clientv3.OpGet(q.queue, clientv3.WithPrefix(), clientv3.WithKeysOnly(), clientv3.WithLimit(2),
+	return clientv3.OpGet(q.queue, clientv3.WithPrefix(), clientv3.WithLimit(2),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend))
 }
 
-// joinBlocker is the predecessor of the entry of create revision token
-// from joinRead's answer, or "" if that answer does not tell.
-func (admission) joinBlocker(r *pb.RangeResponse, token int64) string {
-	if kvs := r.GetKvs(); len(kvs) == 2 && kvs[0].CreateRevision == token {
-		return string(kvs[1].Key)
+// joinBlocker is the predecessor of a mutex's (or writer's) entry of
+// create revision token from joinRead's answer, or "" if that answer does
+// not tell; a *LimitMismatchError if the predecessor is a semaphore's. A
+// reader or a semaphore's entry finds its blocker by reading (blocker).
+func (q admission) joinBlocker(r *pb.RangeResponse, token int64) (string, error) {
+	kvs := r.GetKvs()
+	if !q.shape.Plain() || len(kvs) != 2 || kvs[0].CreateRevision != token {
+		return "", nil
 	}
-	return ""
+	if s, _ := keyspace.ShapeOf(kvs[1].Value); s.Semaphore() {
+		return "", &LimitMismatchError{Name: q.name, InForce: s.Limit, Asked: 1}
+	}
+	return string(kvs[1].Key), nil
 }
 
 // holderToken is the token of name's holder for a refusal's details (0 if

@@ -81,7 +81,7 @@ func (m *Manager) claimOps(a *attempt) (record, []clientv3.Op) {
 	held.Acquired = m.now().UnixNano()
 	ops := []clientv3.Op{clientv3.OpPut(a.key, held.encode(), clientv3.WithIgnoreLease())}
 	if a.delay != 0 {
-		ops = append(ops, clientv3.OpPut(m.ks.delay(a.name), "", clientv3.WithLease(a.delay)))
+		ops = append(ops, clientv3.OpPut(m.ks.SlotDelay(a.name, a.rec.Slot), "", clientv3.WithLease(a.delay)))
 	}
 	return held, ops
 }

@@ -93,7 +93,7 @@ func (m *Manager) end(ctx context.Context, h *held, how string) (bool, error) {
 	ops = append(ops, m.slotsDelete(h.name, h.rec)...)
 	delay := clientv3.LeaseID(h.rec.DelayLease)
 	if how == endReleased && delay != 0 {
-		ops = append(ops, clientv3.OpDelete(m.ks.delay(h.name)))
+		ops = append(ops, clientv3.OpDelete(m.ks.SlotDelay(h.name, h.rec.Slot)))
 	}
 	res := m.batch.do(ctx, "", []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(h.key), "=", h.modRev)}, ops, nil)
 	if err := res.err; err != nil {

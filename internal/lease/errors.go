@@ -62,3 +62,21 @@ type FieldError = keyspace.FieldError
 func fieldErr(field, format string, args ...any) error {
 	return keyspace.FieldErr(field, format, args...)
 }
+
+// LimitMismatchError: the queue of Name admits InForce holders (its oldest
+// entry's limit, 1 for a mutex or a read-write lock) and the acquisition
+// asked for Asked, or asked a semaphore's queue for a mode. The refused
+// entry is withdrawn.
+type LimitMismatchError struct {
+	Name    string
+	InForce int32
+	Asked   int32
+	Shared  bool // the refused acquisition was a reader's
+}
+
+func (e *LimitMismatchError) Error() string {
+	if e.Shared {
+		return fmt.Sprintf("lease: lock %q is a semaphore of limit %d; a shared (read-write) acquisition cannot join it: ask with limit %d and no mode", e.Name, e.InForce, e.InForce)
+	}
+	return fmt.Sprintf("lease: lock %q admits %d holder(s) (the limit in force); this acquisition asked for %d: every holder and waiter of a name must ask for the same limit", e.Name, e.InForce, e.Asked)
+}

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // held is a live grant found by lookup.
@@ -137,6 +140,38 @@ func (m *Manager) Release(ctx context.Context, name string, token int64, handle 
 	return m.end(ctx, h, endReleased)
 }
 
+// holderEntry is the entry of name's holder of token, or nil if token is
+// no holder's: the oldest entry (a mutex's holder, read alone as before
+// semaphores), or, behind a reader's or a semaphore's oldest entry, the
+// entry of token if the queue admits it.
+func (m *Manager) holderEntry(ctx context.Context, name string, token int64) (*mvccpb.KeyValue, error) {
+	q := m.admission(name)
+	key, opts := q.holderRead()
+	r, err := m.cli.Get(ctx, key, opts...)
+	if err != nil {
+		return nil, m.etcdErr(ctx, "read holder", err)
+	}
+	if len(r.Kvs) == 0 || r.Kvs[0].CreateRevision > token {
+		return nil, nil
+	}
+	if r.Kvs[0].CreateRevision == token {
+		return r.Kvs[0], nil
+	}
+	if s, _ := keyspace.ShapeOf(r.Kvs[0].Value); s.Plain() {
+		return nil, nil // a mutex's or a writer's: the only holder
+	}
+	r, err = m.cli.Get(ctx, q.queue, clientv3.WithPrefix(), clientv3.WithMaxCreateRev(token),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		return nil, m.etcdErr(ctx, "read holders", err)
+	}
+	n := len(r.Kvs)
+	if n == 0 || r.Kvs[n-1].CreateRevision != token || !q.admittedAt(shapesOf(r.Kvs), n-1) {
+		return nil, nil
+	}
+	return r.Kvs[n-1], nil
+}
+
 // ForceRelease ends the current grant of name if its token is token, as an
 // operator would: the holder's lock-delay, if any, applies. It reports false
 // when token is not the current holder's.
@@ -147,15 +182,10 @@ func (m *Manager) ForceRelease(ctx context.Context, name string, token int64) (b
 	if err := ValidateToken(token); err != nil {
 		return false, err
 	}
-	key, opts := m.admission(name).holderRead()
-	r, err := m.cli.Get(ctx, key, opts...)
-	if err != nil {
-		return false, m.etcdErr(ctx, "read holder", err)
+	kv, err := m.holderEntry(ctx, name, token)
+	if err != nil || kv == nil {
+		return false, err
 	}
-	if len(r.Kvs) == 0 || r.Kvs[0].CreateRevision != token {
-		return false, nil
-	}
-	kv := r.Kvs[0]
 	rec := decodeRecord(kv.Value)
 	h := &held{name: name, key: string(kv.Key), id: clientv3.LeaseID(kv.Lease), token: token, modRev: kv.ModRevision, rec: rec, session: rec.Session}
 	return m.end(ctx, h, endForced)

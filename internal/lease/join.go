@@ -166,7 +166,8 @@ func (m *Manager) describeEntry(a *attempt, o acquireOptions, start time.Time) {
 	}
 	a.key = m.ks.key(a.name, a.id)
 	a.rec = record{Owner: o.owner, HandleHash: sum, Since: start.UnixNano(), MaxHold: int64(o.maxHold),
-		LockDelay: int64(o.lockDelay), DelayLease: int64(a.delay), Session: a.session}
+		LockDelay: int64(o.lockDelay), DelayLease: int64(a.delay), Session: a.session,
+		Limit: o.shape.Limit, Shared: o.shape.Shared}
 	if !a.session {
 		a.rec.TTL = a.ttl
 	}
@@ -205,7 +206,12 @@ func (m *Manager) joinOutcome(ctx, parent context.Context, a *attempt, o acquire
 	granted, resps := ans.shape.inner(res)
 	if !granted {
 		if len(resps) >= 2 { // [put, get, the slot puts if any]
-			a.pred = m.admission(a.name).joinBlocker(resps[1].GetResponseRange(), a.token)
+			pred, err := m.admissionOf(a).joinBlocker(resps[1].GetResponseRange(), a.token)
+			if err != nil {
+				m.withdraw(a)
+				return placed{}, err
+			}
+			a.pred = pred
 		}
 		return placed{waiter: a}, nil
 	}

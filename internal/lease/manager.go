@@ -184,7 +184,16 @@ type record struct {
 	Ident      string `json:"ih,omitempty"`      // hex sha256 of the identity whose slot it holds (WithIdentity), if any
 	WaiterSlot int64  `json:"ws,omitempty"`      // 1 + the index of the lock's waiter slot it holds (WithMaxWaitersPerLock), 0: none
 	OwnedSlot  int64  `json:"os,omitempty"`      // 1 + the index of its identity's slot (WithMaxLocksPerIdentity), 0: none
+	// The entry's shape (keyspace.Shape, read back by internal/fence under
+	// these JSON names): a semaphore's limit (> 1 only), a reader's flag,
+	// and a semaphore holder's slot (set by its claim).
+	Limit  int32 `json:"lim,omitempty"`
+	Shared bool  `json:"sh,omitempty"`
+	Slot   int32 `json:"slot,omitempty"`
 }
+
+// shape is the entry's shape for the admission rule.
+func (r record) shape() keyspace.Shape { return keyspace.Shape{Limit: r.Limit, Shared: r.Shared} }
 
 // How a grant ended, as recorded in its queue key's last value.
 const (

@@ -3,6 +3,8 @@ package lease
 import (
 	"context"
 	"time"
+
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // Acquire's options: what a caller may ask of one acquisition, and the
@@ -19,9 +21,12 @@ type acquireOptions struct {
 	session   *sessionRef
 	// sessionHandle is resolved to session by resolveOptions.
 	sessionHandle string
-	identity      string // WithIdentity
-	caller        string // WithCaller
-	given         given  // which grant parameters the caller set (for the request digest)
+	identity      string         // WithIdentity
+	caller        string         // WithCaller
+	given         given          // which grant parameters the caller set (for the request digest)
+	limit         int32          // WithLimit
+	mode          Mode           // WithMode
+	shape         keyspace.Shape // of limit and mode, set by checkShape
 }
 
 // AcquireOption configures one Acquire.
@@ -61,6 +66,48 @@ func WithMaxHold(d time.Duration) AcquireOption {
 // delays.
 func WithLockDelay(d time.Duration) AcquireOption {
 	return func(o *acquireOptions) { o.lockDelay, o.given = d, o.given|givenLockDelay }
+}
+
+// WithLimit makes the lock a counting semaphore of n holders (n > 1); 0 or
+// 1 is a mutex. Every acquisition of a name must ask for the same limit
+// (*LimitMismatchError).
+func WithLimit(n int32) AcquireOption { return func(o *acquireOptions) { o.limit = n } }
+
+// Mode is how an acquisition shares its lock.
+type Mode int
+
+// Modes: unspecified and exclusive are the same (a writer, or a mutex).
+const (
+	ModeUnspecified Mode = iota
+	ModeExclusive
+	ModeShared
+)
+
+// WithMode makes the acquisition a read-write lock's writer (ModeExclusive,
+// as a mutex is) or reader (ModeShared).
+func WithMode(mode Mode) AcquireOption { return func(o *acquireOptions) { o.mode = mode } }
+
+// checkShape refuses a limit or mode that no queue has (a negative or too
+// large limit, an unknown mode, a limit with a mode, a reader with a lock
+// delay) and sets the entry's shape.
+func (o *acquireOptions) checkShape() error {
+	switch l := o.limit; {
+	case o.mode < ModeUnspecified || o.mode > ModeShared:
+		return fieldErr("mode", "is not a known mode (%d); use LOCK_MODE_EXCLUSIVE or LOCK_MODE_SHARED", o.mode)
+	case l < 0:
+		return fieldErr("limit", "must not be negative, got %d; leave it unset (or 1) for a mutex", l)
+	case l > keyspace.MaxLimit:
+		return fieldErr("limit", "is %d; at most %d holders are allowed", l, keyspace.MaxLimit)
+	case l > 1 && o.mode != ModeUnspecified:
+		return fieldErr("mode", "must be unset with limit %d: a semaphore's permits are all alike (a mode makes a read-write lock, whose limit is 1)", l)
+	case o.mode == ModeShared && o.lockDelay > 0:
+		return fieldErr("lock_delay", "is not supported for a shared (reader's) acquisition: a reader changes nothing a writer's delay protects")
+	}
+	o.shape = keyspace.Shape{Shared: o.mode == ModeShared}
+	if o.limit > 1 {
+		o.shape.Limit = o.limit
+	}
+	return nil
 }
 
 // resolveOptions is the options of one Acquire, resolved and checked once:
@@ -116,6 +163,9 @@ func (m *Manager) acquireOptions(name string, opts []AcquireOption) (acquireOpti
 		return o, err
 	}
 	if err := validateRequestID(o.requestID); err != nil {
+		return o, err
+	}
+	if err := o.checkShape(); err != nil {
 		return o, err
 	}
 	return o, nil

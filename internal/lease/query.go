@@ -1,8 +1,12 @@
 package lease
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -16,18 +20,39 @@ type Holder struct {
 	Owner      string
 	AcquiredAt time.Time
 	ExpiresAt  time.Time // zero in List
+	Shared     bool      // a read-write lock's reader
+	Slot       int32     // a semaphore holder's slot
+	Limit      int32     // the queue's limit: 1 for a mutex or a read-write lock
 }
 
 // Waiter is a queued contender.
 type Waiter struct {
 	Owner        string
 	WaitingSince time.Time
+	Shared       bool
 }
 
 // Description is one lock's state.
 type Description struct {
-	Holder  *Holder // nil when free
+	Holder  *Holder  // the oldest holder; nil when free
+	Holders []Holder // every holder, oldest first
 	Waiters []Waiter
+}
+
+// holderOfRecord is the holder of a queue entry (acquired_at and
+// expires_at aside).
+func holderOfRecord(name string, token int64, rec record) Holder {
+	return Holder{Name: name, Token: token, Owner: rec.Owner, AcquiredAt: unixTime(rec.Acquired),
+		Shared: rec.Shared, Slot: rec.Slot, Limit: rec.shape().EffectiveLimit()}
+}
+
+// shapesOf are the shapes of queue entries, in their order.
+func shapesOf(kvs []*mvccpb.KeyValue) []keyspace.Shape {
+	out := make([]keyspace.Shape, len(kvs))
+	for i, kv := range kvs {
+		out[i], _ = keyspace.ShapeOf(kv.Value)
+	}
+	return out
 }
 
 func unixTime(ns int64) time.Time {
@@ -49,20 +74,24 @@ func (m *Manager) Describe(ctx context.Context, name string) (*Description, erro
 		return nil, m.etcdErr(ctx, "describe", err)
 	}
 	d := &Description{}
+	shapes := shapesOf(r.Kvs)
 	for i, kv := range r.Kvs {
 		rec := decodeRecord(kv.Value)
-		if !q.admittedAt(i) {
-			d.Waiters = append(d.Waiters, Waiter{Owner: rec.Owner, WaitingSince: unixTime(rec.Since)})
+		if !q.admittedAt(shapes, i) {
+			d.Waiters = append(d.Waiters, Waiter{Owner: rec.Owner, WaitingSince: unixTime(rec.Since), Shared: rec.Shared})
 			continue
 		}
-		h := &Holder{Name: name, Token: kv.CreateRevision, Owner: rec.Owner, AcquiredAt: unixTime(rec.Acquired)}
+		h := holderOfRecord(name, kv.CreateRevision, rec)
 		start := m.now()
 		ttl, err := m.cli.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
 		if err != nil {
 			return nil, m.etcdErr(ctx, "describe lease", err)
 		}
 		h.ExpiresAt = start.Add(time.Duration(max(ttl.TTL, 0)) * time.Second)
-		d.Holder = h
+		d.Holders = append(d.Holders, h)
+	}
+	if len(d.Holders) > 0 {
+		d.Holder = &d.Holders[0]
 	}
 	return d, nil
 }
@@ -97,14 +126,13 @@ func (m *Manager) List(ctx context.Context, prefix string, pageSize int, pageTok
 	}
 
 	var (
-		out  []Holder
-		cur  string // escaped name of the group being read
-		best *holderKV
+		out   []Holder
+		cur   string             // escaped name of the group being read
+		group []*mvccpb.KeyValue // its entries
 	)
 	flush := func() {
-		if best != nil {
-			out = append(out, best.holder(unescape(cur)))
-		}
+		out = append(out, holdersOf(unescape(cur), group)...)
+		group = group[:0]
 	}
 	pages := keyspace.NewPager(m.cli, from, clientv3.GetPrefixRangeEnd(base), listBatch, keyspace.OneRevision())
 	for pages.Next(ctx) {
@@ -113,32 +141,32 @@ func (m *Manager) List(ctx context.Context, prefix string, pageSize int, pageTok
 			if !ok {
 				continue
 			}
-			if n != cur || best == nil {
+			if n != cur && len(group) > 0 {
 				flush()
-				if len(out) == pageSize {
+				if len(out) >= pageSize {
 					return out, encodePageToken(cur), nil
 				}
-				cur, best = n, &holderKV{rev: kv.CreateRevision, value: kv.Value}
-				continue
 			}
-			if kv.CreateRevision < best.rev {
-				best = &holderKV{rev: kv.CreateRevision, value: kv.Value}
-			}
+			cur, group = n, append(group, kv)
 		}
 	}
 	if err := pages.Err(); err != nil {
 		return nil, "", m.etcdErr(ctx, "list", err)
 	}
-	flush()
+	if len(group) > 0 {
+		flush()
+	}
 	return out, "", nil
 }
 
-type holderKV struct {
-	rev   int64
-	value []byte
-}
-
-func (h *holderKV) holder(name string) Holder {
-	rec := decodeRecord(h.value)
-	return Holder{Name: name, Token: h.rev, Owner: rec.Owner, AcquiredAt: unixTime(rec.Acquired)}
+// holdersOf are the holders among one queue's entries (any order), oldest
+// first.
+func holdersOf(name string, kvs []*mvccpb.KeyValue) []Holder {
+	slices.SortFunc(kvs, func(a, b *mvccpb.KeyValue) int { return cmp.Compare(a.CreateRevision, b.CreateRevision) })
+	n := keyspace.Holders(shapesOf(kvs))
+	out := make([]Holder, n)
+	for i, kv := range kvs[:n] {
+		out[i] = holderOfRecord(name, kv.CreateRevision, decodeRecord(kv.Value))
+	}
+	return out
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // ErrRequestIDReused: a live acquisition with this request id (of this
@@ -98,6 +100,9 @@ func paramsDigest(o acquireOptions) []byte {
 	}
 	writeFields(h, "coordinatord/params/v1", param(givenTTL, o.ttl), param(givenMaxHold, o.maxHold),
 		param(givenLockDelay, o.lockDelay), o.owner)
+	if o.shape != (keyspace.Shape{}) { // a mutex's digest is as before semaphores
+		writeFields(h, "limit", strconv.Itoa(int(o.shape.Limit)), "shared", strconv.FormatBool(o.shape.Shared))
+	}
 	return h.Sum(nil)
 }
 

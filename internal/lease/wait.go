@@ -27,9 +27,9 @@ var (
 func (m *Manager) wait(ctx, parent context.Context, a *attempt, timeout <-chan time.Time) error {
 	w, stop := m.startWaiter(ctx, parent, a)
 	defer stop()
-	q := m.admission(a.name)
+	q := m.admissionOf(a)
 	for first := true; ; first = false {
-		if !first {
+		if !first && q.comparable() {
 			// Something we waited for is gone: most often we now head the
 			// queue, so try to claim the lock in one round trip.
 			claimed, err := m.tryClaim(w.ctx, a)
@@ -42,18 +42,18 @@ func (m *Manager) wait(ctx, parent context.Context, a *attempt, timeout <-chan t
 		}
 		// What stands between us and admission (our immediate predecessor
 		// is known from the join at first).
-		target := a.pred
-		if !first || target == "" {
-			key, op, err := q.blocker(w.ctx, m.cli, a.token)
+		t := target{key: a.pred}
+		if !first || t.key == "" {
+			next, slot, op, err := q.blocker(w.ctx, m.cli, a.token)
 			if err != nil {
-				return w.fail(op, err)
+				return w.refused(op, err)
 			}
-			target = key
+			t, a.rec.Slot = next, slot
 		}
-		if target == "" {
+		if t.key == "" {
 			return w.admitted()
 		}
-		if err := w.watchGone(target, timeout); err != nil {
+		if err := w.watchGone(t, timeout); err != nil {
 			return err
 		}
 		// The target is gone: find the next one, or hold the lock.
@@ -114,6 +114,16 @@ func (w *waiter) fail(op string, err error) error {
 	return w.m.etcdErr(w.parent, op, err)
 }
 
+// refused answers a failed blocker read op: a *LimitMismatchError as it
+// is, anything else as fail does.
+func (w *waiter) refused(op string, err error) error {
+	var mismatch *LimitMismatchError
+	if errors.As(err, &mismatch) {
+		return err
+	}
+	return w.fail(op, err)
+}
+
 // admitted ends a wait that nothing blocks any more, once the waiter's own
 // entry is known to exist.
 func (w *waiter) admitted() error {
@@ -132,10 +142,20 @@ func (w *waiter) admitted() error {
 // caller looks again); a *NotGrantedError when the wait elapses first.
 // Watch from "now" (a synced watcher, woken at once), wait until the watch
 // exists, then re-check: a delete after the caller's read is seen.
-func (w *waiter) watchGone(target string, timeout <-chan time.Time) error {
+func (w *waiter) watchGone(t target, timeout <-chan time.Time) error {
 	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(w.ctx))
-	wch := w.m.cli.Watch(wctx, target, clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
-	err := w.awaitDelete(target, wch, timeout)
+	opts := []clientv3.OpOption{clientv3.WithCreatedNotify()}
+	if !t.puts {
+		opts = append(opts, clientv3.WithFilterPut())
+	}
+	if t.prefix {
+		opts = append(opts, clientv3.WithPrefix())
+	}
+	if t.rev > 0 {
+		opts = append(opts, clientv3.WithRev(t.rev+1))
+	}
+	wch := w.m.cli.Watch(wctx, t.key, opts...)
+	err := w.awaitDelete(t, wch, timeout)
 	wcancel()
 	switch {
 	case errors.Is(err, errTimeout):
@@ -226,7 +246,7 @@ func (o *ownWatch) await(ctx context.Context) error {
 // caller answers by looking again). Once key's watch exists, it checks that
 // key still exists, and, the first time, that the waiter's own key does
 // (own): both in one read.
-func (w *waiter) awaitDelete(key string, wch clientv3.WatchChan, timeout <-chan time.Time) error {
+func (w *waiter) awaitDelete(t target, wch clientv3.WatchChan, timeout <-chan time.Time) error {
 	created := false
 	for {
 		select {
@@ -242,26 +262,32 @@ func (w *waiter) awaitDelete(key string, wch clientv3.WatchChan, timeout <-chan 
 			}
 			if wr.Created && !created {
 				created = true
-				if gone, err := w.stillThere(key); gone || err != nil {
+				if gone, err := w.stillThere(t); gone || err != nil {
 					return err
 				}
 			}
-			for _, ev := range wr.Events {
-				if ev.Type == clientv3.EventTypeDelete {
-					return nil
-				}
+			if len(wr.Events) > 0 { // a delete (or, if watched, a put)
+				return nil
 			}
 		}
 	}
 }
 
-// stillThere checks, once key's watch exists, whether key is gone already;
-// the first time, together with the waiter's own key (errLost if that one
-// is gone).
-func (w *waiter) stillThere(key string) (gone bool, err error) {
+// stillThere checks, once t's watch exists, whether its key is gone
+// already; the first time, together with the waiter's own key (errLost if
+// that one is gone). A prefix is never gone: its watch started at the
+// revision of the read that chose it, and delivers every end since.
+func (w *waiter) stillThere(t target) (gone bool, err error) {
 	ctx := w.ctx
+	keyOp := clientv3.OpGet(t.key, clientv3.WithCountOnly())
+	if t.prefix {
+		keyOp = clientv3.OpGet(t.key, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	}
 	if w.own.checked {
-		r, err := w.m.cli.Get(ctx, key, clientv3.WithCountOnly())
+		if t.prefix {
+			return false, nil
+		}
+		r, err := w.m.cli.Get(ctx, t.key, clientv3.WithCountOnly())
 		if err != nil {
 			return false, err
 		}
@@ -270,9 +296,7 @@ func (w *waiter) stillThere(key string) (gone bool, err error) {
 	if err := w.own.await(ctx); err != nil {
 		return false, err
 	}
-	r, err := w.m.cli.Txn(ctx).Then(
-		clientv3.OpGet(key, clientv3.WithCountOnly()),
-		clientv3.OpGet(w.a.key, clientv3.WithCountOnly())).Commit()
+	r, err := w.m.cli.Txn(ctx).Then(keyOp, clientv3.OpGet(w.a.key, clientv3.WithCountOnly())).Commit()
 	if err != nil {
 		return false, err
 	}
@@ -281,7 +305,7 @@ func (w *waiter) stillThere(key string) (gone bool, err error) {
 		w.markLost()
 		return true, errLost
 	}
-	return r.Responses[0].GetResponseRange().GetCount() == 0, nil
+	return !t.prefix && r.Responses[0].GetResponseRange().GetCount() == 0, nil
 }
 
 // keepWaiterAlive renews a waiter's leases every third of the TTL until ctx

@@ -1,13 +1,19 @@
 package lease
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
 // ErrCompacted: the requested start revision is no longer in etcd's history.
@@ -124,11 +130,26 @@ func (m *Manager) Watch(ctx context.Context, name string, startRev int64, emit f
 	from := startRev
 	if startRev == 0 {
 		from = r.Header.Revision + 1
-		if err := emit(Event{Kind: EventCurrent, Revision: r.Header.Revision, Holder: holderOf(name, head(state))}); err != nil {
+		if err := emitCurrent(name, r.Header.Revision, state, emit); err != nil {
 			return err
 		}
 	}
 	return m.follow(ctx, name, queue, from, state, emit)
+}
+
+// emitCurrent emits the state at rev: one EventCurrent per holder, oldest
+// first, or one without a holder when the lock is free.
+func emitCurrent(name string, rev int64, state map[string]*mvccpb.KeyValue, emit func(Event) error) error {
+	hs := holders(state)
+	if len(hs) == 0 {
+		return emit(Event{Kind: EventCurrent, Revision: rev})
+	}
+	for _, kv := range hs {
+		if err := emit(Event{Kind: EventCurrent, Revision: rev, Holder: holderOf(name, kv)}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // readQueue reads the queue as it was just before startRev (startRev 0:
@@ -187,17 +208,19 @@ func (m *Manager) follow(ctx context.Context, name, queue string, from int64, st
 	}
 }
 
-// apply folds one revision's events into state and emits the holder change.
+// apply folds one revision's events into state and emits the changes of
+// holders: an end for each holder that is one no more (oldest first), then
+// an acquisition for each new one.
 func (m *Manager) apply(ctx context.Context, name string, state map[string]*mvccpb.KeyValue, evs []*clientv3.Event, rev int64, emit func(Event) error) error {
-	before := head(state)
-	var ended *mvccpb.KeyValue
+	before := holders(state)
+	ended := map[int64]*mvccpb.KeyValue{} // the last value of a deleted holder's key
 	for _, ev := range evs {
 		k := string(ev.Kv.Key)
 		if ev.Type == clientv3.EventTypeDelete {
-			if before != nil && k == string(before.Key) {
-				ended = state[k]
+			if old, ok := state[k]; ok {
+				ended[old.CreateRevision] = old
 				if ev.PrevKv != nil {
-					ended = ev.PrevKv
+					ended[old.CreateRevision] = ev.PrevKv
 				}
 			}
 			delete(state, k)
@@ -205,40 +228,45 @@ func (m *Manager) apply(ctx context.Context, name string, state map[string]*mvcc
 		}
 		state[k] = ev.Kv
 	}
-	after := head(state)
-	if before != nil && (after == nil || after.CreateRevision != before.CreateRevision) {
-		if ended == nil {
-			ended = before
+	after := holders(state)
+	for _, b := range before {
+		if slices.ContainsFunc(after, func(kv *mvccpb.KeyValue) bool { return kv.CreateRevision == b.CreateRevision }) {
+			continue
 		}
-		kind := map[EndReason]EventKind{EndExpired: EventExpired, EndReleased: EventReleased, EndForced: EventForceReleased}[m.endAt(ctx, name, ended.CreateRevision, rev)]
-		if err := emit(Event{Kind: kind, Revision: rev, Holder: holderOf(name, ended)}); err != nil {
+		last := b
+		if kv, ok := ended[b.CreateRevision]; ok {
+			last = kv
+		}
+		kind := map[EndReason]EventKind{EndExpired: EventExpired, EndReleased: EventReleased, EndForced: EventForceReleased}[m.endAt(ctx, name, b.CreateRevision, rev)]
+		if err := emit(Event{Kind: kind, Revision: rev, Holder: holderOf(name, last)}); err != nil {
 			return err
 		}
 	}
-	if after != nil && (before == nil || after.CreateRevision != before.CreateRevision) {
-		if err := emit(Event{Kind: EventAcquired, Revision: rev, Holder: holderOf(name, after)}); err != nil {
+	for _, a := range after {
+		if slices.ContainsFunc(before, func(kv *mvccpb.KeyValue) bool { return kv.CreateRevision == a.CreateRevision }) {
+			continue
+		}
+		if err := emit(Event{Kind: EventAcquired, Revision: rev, Holder: holderOf(name, a)}); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// head is the holder's entry in state: the oldest (admission.go).
-func head(state map[string]*mvccpb.KeyValue) *mvccpb.KeyValue {
-	var h *mvccpb.KeyValue
-	for _, kv := range state {
-		if h == nil || kv.CreateRevision < h.CreateRevision {
-			h = kv
-		}
-	}
-	return h
+// holders are the holders' entries in state, oldest first (admission.go).
+func holders(state map[string]*mvccpb.KeyValue) []*mvccpb.KeyValue {
+	kvs := slices.Collect(maps.Values(state))
+	slices.SortFunc(kvs, func(a, b *mvccpb.KeyValue) int { return cmp.Compare(a.CreateRevision, b.CreateRevision) })
+	return kvs[:keyspace.Holders(shapesOf(kvs))]
 }
 
 func holderOf(name string, kv *mvccpb.KeyValue) *Holder {
 	if kv == nil {
 		return nil
 	}
-	return &Holder{Name: name, Token: kv.CreateRevision, Owner: decodeRecord(kv.Value).Owner}
+	h := holderOfRecord(name, kv.CreateRevision, decodeRecord(kv.Value))
+	h.AcquiredAt = time.Time{}
+	return &h
 }
 
 // Resume confirms a live grant for a new Hold stream and renews it.
@@ -254,5 +282,6 @@ func (m *Manager) Resume(ctx context.Context, name string, token int64, handle s
 		return nil, err
 	}
 	return &Grant{Name: name, Token: token, Handle: handle, LeaseID: int64(h.id), TTL: r.TTL,
-		ExpiresAt: r.ExpiresAt, SafeUntil: r.SafeUntil, AcquiredAt: unixTime(h.rec.Acquired), Resumed: true}, nil
+		ExpiresAt: r.ExpiresAt, SafeUntil: r.SafeUntil, AcquiredAt: unixTime(h.rec.Acquired), Resumed: true,
+		Slot: h.rec.Slot, Shared: h.rec.Shared}, nil
 }

@@ -40,6 +40,8 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		tl *lease.TooManyLocksError
 		mo *fence.MarkOwnedError
 		tm *fence.TooManyMarksError
+		lm *lease.LimitMismatchError
+		sh *fence.SharedHolderError
 	)
 	switch {
 	case errors.As(err, &se):
@@ -57,6 +59,12 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		return withReason(codes.ResourceExhausted, err.Error(), "TOO_MANY_MARKS",
 			map[string]string{"limit": strconv.FormatInt(tm.Limit, 10), "count": strconv.FormatInt(tm.Count, 10)},
 			retryAfter(retryMarks), quota(identitySubject(ctx), "resource marks created by this identity (--max-marks-per-identity)"))
+	case errors.As(err, &lm):
+		return withReason(codes.FailedPrecondition, err.Error(), "LIMIT_MISMATCH",
+			map[string]string{"lock": lm.Name, "limitInForce": strconv.Itoa(int(lm.InForce)), "limit": strconv.Itoa(int(max(lm.Asked, 1)))})
+	case errors.As(err, &sh):
+		return withReason(codes.FailedPrecondition, err.Error(), "SHARED_HOLDER_CANNOT_FENCE",
+			map[string]string{"lock": sh.Name, "resource": sh.Resource})
 	case errors.Is(err, lease.ErrNotHeld):
 		return withReason(codes.NotFound, err.Error(), "NOT_HELD", nil)
 	case errors.Is(err, lease.ErrLostWhileWaiting):

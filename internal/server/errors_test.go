@@ -114,6 +114,12 @@ func TestErrorContract(t *testing.T) {
 		{name: "epoch.PausedError", st: mapped(fmt.Errorf("validate: %w", &epoch.PausedError{Reason: "etcd was restored"})), code: codes.Unavailable,
 			reason: "EPOCH_PAUSED", retry: retryEtcd},
 
+		// lease and fence: semaphores and read-write locks.
+		{name: "lease.LimitMismatchError", st: mapped(fmt.Errorf("acquire: %w", &lease.LimitMismatchError{Name: "pool", InForce: 3, Asked: 2})),
+			code: codes.FailedPrecondition, reason: "LIMIT_MISMATCH", metadata: map[string]string{"lock": "pool", "limitInForce": "3", "limit": "2"}},
+		{name: "fence.SharedHolderError", st: mapped(&fence.SharedHolderError{Name: "rw", Resource: "db", Token: 7}),
+			code: codes.FailedPrecondition, reason: "SHARED_HOLDER_CANNOT_FENCE", metadata: map[string]string{"lock": "rw", "resource": "db"}},
+
 		// fence: marks.
 		{name: "fence.ErrNoMark", st: mapped(fence.ErrNoMark), code: codes.NotFound, reason: "NO_MARK"},
 		{name: "fence.MarkOwnedError", st: mapped(&fence.MarkOwnedError{Resource: "db", Lock: "a", Owner: "b"}), code: codes.FailedPrecondition,

@@ -61,7 +61,8 @@ func (s *LockService) acquire(ctx context.Context, req *coordinatorv1.AcquireReq
 
 // acquireOptions converts an AcquireRequest's optional fields.
 func acquireOptions(req *coordinatorv1.AcquireRequest) ([]lease.AcquireOption, error) {
-	opts := []lease.AcquireOption{lease.WithOwner(req.GetOwner()), lease.WithRequestID(req.GetRequestId())}
+	opts := []lease.AcquireOption{lease.WithOwner(req.GetOwner()), lease.WithRequestID(req.GetRequestId()),
+		lease.WithLimit(req.GetLimit()), lease.WithMode(lease.Mode(req.GetMode()))}
 	for _, d := range []struct {
 		field string
 		v     *durationpb.Duration
@@ -100,7 +101,17 @@ func grantPB(g *lease.Grant, token int64) *coordinatorv1.AcquireResponse {
 		SafeUntil:  timestamp(g.SafeUntil),
 		AcquiredAt: timestamp(g.AcquiredAt),
 		Resumed:    g.Resumed,
+		Slot:       g.Slot,
+		Mode:       modePB(g.Shared),
 	}
+}
+
+// modePB is the wire mode of a holder: shared or exclusive.
+func modePB(shared bool) coordinatorv1.LockMode {
+	if shared {
+		return coordinatorv1.LockMode_LOCK_MODE_SHARED
+	}
+	return coordinatorv1.LockMode_LOCK_MODE_EXCLUSIVE
 }
 
 // Release implements coordinatorv1.LockServiceServer.
@@ -153,8 +164,9 @@ func (s *LockService) Describe(ctx context.Context, req *coordinatorv1.DescribeR
 	if d.Holder != nil {
 		resp.Holder = holderPB(d.Holder, e)
 	}
+	resp.Holders = holdersPB(d.Holders, e)
 	for _, w := range d.Waiters {
-		resp.Waiters = append(resp.Waiters, &coordinatorv1.Waiter{Owner: w.Owner, WaitingSince: timestamp(w.WaitingSince)})
+		resp.Waiters = append(resp.Waiters, &coordinatorv1.Waiter{Owner: w.Owner, WaitingSince: timestamp(w.WaitingSince), Mode: modePB(w.Shared)})
 	}
 	return resp, nil
 }

@@ -22,6 +22,7 @@ import (
 //
 //	coordinatord_acquisitions_total{outcome}       Acquire calls by outcome: granted, not_granted (ABORTED), or the gRPC code in snake case
 //	coordinatord_acquire_wait_seconds{outcome}     how long Acquire calls took (queue wait included), by the same outcome
+//	coordinatord_grants_total{kind}                Acquire calls granted, by what was asked: mutex, semaphore (limit > 1), reader, writer (a mode set)
 //	coordinatord_validations_total{outcome}        ValidateToken answers: current, superseded, not_held, fenced, or the gRPC code of an error
 //	coordinatord_releases_total{outcome}           Release calls: released, not_released, or the gRPC code of an error
 //	coordinatord_renewals_total{outcome}           KeepAlive calls: renewed, or the gRPC code (not_found: the grant is gone)
@@ -32,6 +33,7 @@ import (
 type Metrics struct {
 	rpc          *grpcprom.ServerMetrics
 	acquisitions *prometheus.CounterVec
+	grants       *prometheus.CounterVec
 	waitSeconds  *prometheus.HistogramVec
 	validations  *prometheus.CounterVec
 	releases     *prometheus.CounterVec
@@ -50,6 +52,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "coordinatord_acquisitions_total", Help: "Acquire calls by outcome: granted, not_granted (ABORTED: the wait elapsed), or the gRPC code of the failure.",
 		}, outcome),
+		grants: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coordinatord_grants_total", Help: "Acquire calls granted, by kind: mutex, semaphore (limit > 1), reader or writer (a read-write lock's mode).",
+		}, []string{"kind"}),
 		waitSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "coordinatord_acquire_wait_seconds",
 			Help:    "Duration of Acquire calls, queue wait included, by outcome.",
@@ -77,7 +82,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		reg: reg,
 	}
-	reg.MustRegister(m.rpc, m.acquisitions, m.waitSeconds, m.validations, m.releases, m.renewals, m.holdSeconds, m.expirations, buildInfo())
+	reg.MustRegister(m.rpc, m.acquisitions, m.grants, m.waitSeconds, m.validations, m.releases, m.renewals, m.holdSeconds, m.expirations, buildInfo())
 	// The usual outcomes start at zero, so that rate() sees their first event.
 	for _, o := range []string{"granted", "not_granted"} {
 		m.acquisitions.WithLabelValues(o)
@@ -85,6 +90,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	for _, o := range []string{"current", "superseded", "not_held", "fenced"} {
 		m.validations.WithLabelValues(o)
+	}
+	for _, k := range []string{"mutex", "semaphore", "reader", "writer"} {
+		m.grants.WithLabelValues(k)
 	}
 	m.releases.WithLabelValues("released")
 	m.releases.WithLabelValues("not_released")
@@ -200,6 +208,9 @@ func (m *Metrics) lockInterceptor(ctx context.Context, req any, info *grpc.Unary
 			o = "not_granted"
 		}
 		m.acquisitions.WithLabelValues(o).Inc()
+		if c == codes.OK {
+			m.grants.WithLabelValues(grantKind(req)).Inc()
+		}
 		m.waitSeconds.WithLabelValues(o).Observe(time.Since(start).Seconds())
 	case coordinatorv1.LockService_ValidateToken_FullMethodName:
 		o := codeLabel(c)
@@ -224,4 +235,18 @@ func (m *Metrics) lockInterceptor(ctx context.Context, req any, info *grpc.Unary
 		m.renewals.WithLabelValues(o).Inc()
 	}
 	return resp, err
+}
+
+// grantKind is the kind label of a granted Acquire: what its request asked.
+func grantKind(req any) string {
+	r, _ := req.(*coordinatorv1.AcquireRequest)
+	switch {
+	case r.GetLimit() > 1:
+		return "semaphore"
+	case r.GetMode() == coordinatorv1.LockMode_LOCK_MODE_SHARED:
+		return "reader"
+	case r.GetMode() == coordinatorv1.LockMode_LOCK_MODE_EXCLUSIVE:
+		return "writer"
+	}
+	return "mutex"
 }

@@ -76,6 +76,9 @@ func holderPB(h *lease.Holder, epoch int64) *coordinatorv1.Holder {
 		Owner:      h.Owner,
 		AcquiredAt: timestamp(h.AcquiredAt),
 		ExpiresAt:  timestamp(h.ExpiresAt),
+		Mode:       modePB(h.Shared),
+		Slot:       h.Slot,
+		Limit:      max(h.Limit, 1),
 	}
 }
 

@@ -32,6 +32,60 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// LockMode is how an acquisition shares its lock: see AcquireRequest.mode.
+type LockMode int32
+
+const (
+	// Exclusive: a writer (and a plain mutex).
+	LockMode_LOCK_MODE_UNSPECIFIED LockMode = 0
+	// Exclusive: a writer; the same as LOCK_MODE_UNSPECIFIED.
+	LockMode_LOCK_MODE_EXCLUSIVE LockMode = 1
+	// Shared: a reader; holds together with other readers, never with a
+	// writer.
+	LockMode_LOCK_MODE_SHARED LockMode = 2
+)
+
+// Enum value maps for LockMode.
+var (
+	LockMode_name = map[int32]string{
+		0: "LOCK_MODE_UNSPECIFIED",
+		1: "LOCK_MODE_EXCLUSIVE",
+		2: "LOCK_MODE_SHARED",
+	}
+	LockMode_value = map[string]int32{
+		"LOCK_MODE_UNSPECIFIED": 0,
+		"LOCK_MODE_EXCLUSIVE":   1,
+		"LOCK_MODE_SHARED":      2,
+	}
+)
+
+func (x LockMode) Enum() *LockMode {
+	p := new(LockMode)
+	*p = x
+	return p
+}
+
+func (x LockMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LockMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_coordinator_v1_lock_proto_enumTypes[0].Descriptor()
+}
+
+func (LockMode) Type() protoreflect.EnumType {
+	return &file_coordinator_v1_lock_proto_enumTypes[0]
+}
+
+func (x LockMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LockMode.Descriptor instead.
+func (LockMode) EnumDescriptor() ([]byte, []int) {
+	return file_coordinator_v1_lock_proto_rawDescGZIP(), []int{0}
+}
+
 // Why a token is or is not valid.
 type ValidateTokenResponse_Reason int32
 
@@ -79,11 +133,11 @@ func (x ValidateTokenResponse_Reason) String() string {
 }
 
 func (ValidateTokenResponse_Reason) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_v1_lock_proto_enumTypes[0].Descriptor()
+	return file_coordinator_v1_lock_proto_enumTypes[1].Descriptor()
 }
 
 func (ValidateTokenResponse_Reason) Type() protoreflect.EnumType {
-	return &file_coordinator_v1_lock_proto_enumTypes[0]
+	return &file_coordinator_v1_lock_proto_enumTypes[1]
 }
 
 func (x ValidateTokenResponse_Reason) Number() protoreflect.EnumNumber {
@@ -141,11 +195,11 @@ func (x HoldLost_Reason) String() string {
 }
 
 func (HoldLost_Reason) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_v1_lock_proto_enumTypes[1].Descriptor()
+	return file_coordinator_v1_lock_proto_enumTypes[2].Descriptor()
 }
 
 func (HoldLost_Reason) Type() protoreflect.EnumType {
-	return &file_coordinator_v1_lock_proto_enumTypes[1]
+	return &file_coordinator_v1_lock_proto_enumTypes[2]
 }
 
 func (x HoldLost_Reason) Number() protoreflect.EnumNumber {
@@ -206,11 +260,11 @@ func (x WatchResponse_Kind) String() string {
 }
 
 func (WatchResponse_Kind) Descriptor() protoreflect.EnumDescriptor {
-	return file_coordinator_v1_lock_proto_enumTypes[2].Descriptor()
+	return file_coordinator_v1_lock_proto_enumTypes[3].Descriptor()
 }
 
 func (WatchResponse_Kind) Type() protoreflect.EnumType {
-	return &file_coordinator_v1_lock_proto_enumTypes[2]
+	return &file_coordinator_v1_lock_proto_enumTypes[3]
 }
 
 func (x WatchResponse_Kind) Number() protoreflect.EnumNumber {
@@ -283,6 +337,42 @@ type AcquireRequest struct {
 	// a second Acquire of the same name answers FAILED_PRECONDITION. Another
 	// identity's session answers PERMISSION_DENIED.
 	SessionHandle string `protobuf:"bytes,8,opt,name=session_handle,json=sessionHandle,proto3" json:"session_handle,omitempty"`
+	// How many holders the lock admits at once. Unset (0) or 1: a mutex,
+	// exactly as without this field. N > 1 (at most 1000): a counting
+	// semaphore: the N oldest acquisitions of the queue hold it, first come,
+	// first served; the rest wait. A holder's permit is a numbered slot
+	// (AcquireResponse.slot, 0..N-1), and tokens rise per slot: a new holder
+	// of slot k always has a greater token than every earlier holder of slot
+	// k, so a resource can keep one high-water mark per (resource, slot)
+	// (ValidateTokenRequest.resource). Grants are made in queue order: a
+	// younger acquisition is not granted before every older one is.
+	//
+	// The limit lives with the queue, not with a request: every holder and
+	// waiter of a name must ask for the same limit (the queue's oldest entry
+	// says which is in force). Another limit answers FAILED_PRECONDITION
+	// (reason "LIMIT_MISMATCH", metadata["limitInForce"]); the refused
+	// entry is withdrawn. Negative or above 1000: INVALID_ARGUMENT.
+	// With `lock_delay`, the delay holds back the slot whose holder ended
+	// involuntarily, not the other slots.
+	Limit int32 `protobuf:"varint,9,opt,name=limit,proto3" json:"limit,omitempty"`
+	// A read-write lock: LOCK_MODE_SHARED (a reader) or LOCK_MODE_EXCLUSIVE (a
+	// writer; LOCK_MODE_UNSPECIFIED is the same, so a plain mutex acquisition
+	// is a writer of the same queue). The queue admits, from its head, either
+	// one exclusive acquisition or the longest run of shared ones: a shared
+	// acquisition behind a waiting exclusive one waits (a stream of readers
+	// cannot starve a writer), first come, first served. Only an exclusive
+	// holder's token may raise a resource's mark (ValidateToken with a
+	// resource and a shared holder's token answers FAILED_PRECONDITION,
+	// reason "SHARED_HOLDER_CANNOT_FENCE").
+	//
+	// `limit` > 1 together with a mode set is INVALID_ARGUMENT: a semaphore's
+	// permits are all alike, so "shared" has no meaning there, and an
+	// exclusive permit of a semaphore would need every other permit's holder
+	// to leave, which is a read-write lock, not a semaphore. Shared with
+	// `lock_delay` is INVALID_ARGUMENT: readers change nothing a writer's
+	// delay protects. A queue holding a semaphore refuses any mode
+	// (LIMIT_MISMATCH, as above).
+	Mode          LockMode `protobuf:"varint,10,opt,name=mode,proto3,enum=coordinator.v1.LockMode" json:"mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -373,6 +463,20 @@ func (x *AcquireRequest) GetSessionHandle() string {
 	return ""
 }
 
+func (x *AcquireRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *AcquireRequest) GetMode() LockMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
 // AcquireResponse is a grant.
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -412,7 +516,15 @@ type AcquireResponse struct {
 	AcquiredAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=acquired_at,json=acquiredAt,proto3" json:"acquired_at,omitempty"`
 	// True when this answers a retry (same request_id) of an acquisition that
 	// had already been granted: the same grant, its lease refreshed.
-	Resumed       bool `protobuf:"varint,8,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	Resumed bool `protobuf:"varint,8,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	// A semaphore's permit (AcquireRequest.limit > 1): the slot this grant
+	// holds, 0..limit-1. Tokens rise per slot. 0 for a mutex and a read-write
+	// lock.
+	Slot int32 `protobuf:"varint,9,opt,name=slot,proto3" json:"slot,omitempty"`
+	// The grant's mode: LOCK_MODE_SHARED for a reader, LOCK_MODE_EXCLUSIVE
+	// otherwise (a semaphore's permits and a mutex are exclusive in this
+	// sense: each has a slot of its own).
+	Mode          LockMode `protobuf:"varint,10,opt,name=mode,proto3,enum=coordinator.v1.LockMode" json:"mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -501,6 +613,20 @@ func (x *AcquireResponse) GetResumed() bool {
 		return x.Resumed
 	}
 	return false
+}
+
+func (x *AcquireResponse) GetSlot() int32 {
+	if x != nil {
+		return x.Slot
+	}
+	return 0
+}
+
+func (x *AcquireResponse) GetMode() LockMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
 }
 
 // ReleaseRequest gives a grant up.
@@ -938,7 +1064,15 @@ type Holder struct {
 	AcquiredAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=acquired_at,json=acquiredAt,proto3" json:"acquired_at,omitempty"`
 	// When the lease ends unless renewed (server clock, whole-second
 	// precision from etcd). Unset in List, which does not look up leases.
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// LOCK_MODE_SHARED for a reader of a read-write lock, LOCK_MODE_EXCLUSIVE
+	// otherwise.
+	Mode LockMode `protobuf:"varint,6,opt,name=mode,proto3,enum=coordinator.v1.LockMode" json:"mode,omitempty"`
+	// A semaphore holder's slot (0..limit-1); 0 otherwise.
+	Slot int32 `protobuf:"varint,7,opt,name=slot,proto3" json:"slot,omitempty"`
+	// The limit of the queue (AcquireRequest.limit); 1 for a mutex and a
+	// read-write lock.
+	Limit         int32 `protobuf:"varint,8,opt,name=limit,proto3" json:"limit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1008,13 +1142,36 @@ func (x *Holder) GetExpiresAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Holder) GetMode() LockMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
+func (x *Holder) GetSlot() int32 {
+	if x != nil {
+		return x.Slot
+	}
+	return 0
+}
+
+func (x *Holder) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
 // Waiter is one queued contender.
 type Waiter struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The owner string given to Acquire (may be empty).
 	Owner string `protobuf:"bytes,1,opt,name=owner,proto3" json:"owner,omitempty"`
 	// When the contender joined the queue (server clock).
-	WaitingSince  *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=waiting_since,json=waitingSince,proto3" json:"waiting_since,omitempty"`
+	WaitingSince *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=waiting_since,json=waitingSince,proto3" json:"waiting_since,omitempty"`
+	// The mode it asked for (see Holder.mode).
+	Mode          LockMode `protobuf:"varint,3,opt,name=mode,proto3,enum=coordinator.v1.LockMode" json:"mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1063,13 +1220,23 @@ func (x *Waiter) GetWaitingSince() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Waiter) GetMode() LockMode {
+	if x != nil {
+		return x.Mode
+	}
+	return LockMode_LOCK_MODE_UNSPECIFIED
+}
+
 // DescribeResponse is the state of one lock.
 type DescribeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The holder; unset when the lock is free.
+	// The oldest holder; unset when the lock is free. A semaphore or a
+	// read-write lock's readers can have more: all are in `holders`.
 	Holder *Holder `protobuf:"bytes,1,opt,name=holder,proto3" json:"holder,omitempty"`
 	// The waiters in queue order (the next to be granted first).
-	Waiters       []*Waiter `protobuf:"bytes,2,rep,name=waiters,proto3" json:"waiters,omitempty"`
+	Waiters []*Waiter `protobuf:"bytes,2,rep,name=waiters,proto3" json:"waiters,omitempty"`
+	// Every current holder, oldest first (for a mutex, `holder` alone).
+	Holders       []*Holder `protobuf:"bytes,3,rep,name=holders,proto3" json:"holders,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1118,14 +1285,23 @@ func (x *DescribeResponse) GetWaiters() []*Waiter {
 	return nil
 }
 
+func (x *DescribeResponse) GetHolders() []*Holder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
 // ListRequest pages through held locks.
 type ListRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only locks whose names start with these bytes. Empty: all locks. At most
 	// 512 bytes of valid UTF-8.
 	Prefix string `protobuf:"bytes,1,opt,name=prefix,proto3" json:"prefix,omitempty"`
-	// At most this many holders per page. 0: 100. Values above 1000 are
-	// treated as 1000. Negative: INVALID_ARGUMENT.
+	// At most this many locks' holders per page. 0: 100. Values above 1000
+	// are treated as 1000. Negative: INVALID_ARGUMENT. A semaphore's or a
+	// read-write lock's holders are listed together (oldest first), so a page
+	// can hold more holders than this.
 	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// The next_page_token of the previous page, or empty for the first page.
 	// Use the same prefix with it.
@@ -1815,6 +1991,9 @@ type WatchResponse struct {
 	Revision int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	// The holder concerned: the new one for ACQUIRED and CURRENT (unset when
 	// free), the one that ended otherwise. acquired_at and expires_at unset.
+	// A semaphore or a read-write lock's readers have several holders: the
+	// watch starts with one CURRENT event per holder (oldest first), and
+	// reports each holder's start and end as an event of its own.
 	Holder        *Holder `protobuf:"bytes,3,opt,name=holder,proto3" json:"holder,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2339,7 +2518,7 @@ var File_coordinator_v1_lock_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_lock_proto_rawDesc = "" +
 	"\n" +
-	"\x19coordinator/v1/lock.proto\x12\x0ecoordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x02\n" +
+	"\x19coordinator/v1/lock.proto\x12\x0ecoordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x03\n" +
 	"\x0eAcquireRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12-\n" +
@@ -2350,7 +2529,10 @@ const file_coordinator_v1_lock_proto_rawDesc = "" +
 	"\bmax_hold\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\amaxHold\x128\n" +
 	"\n" +
 	"lock_delay\x18\a \x01(\v2\x19.google.protobuf.DurationR\tlockDelay\x12%\n" +
-	"\x0esession_handle\x18\b \x01(\tR\rsessionHandle\"\xd4\x02\n" +
+	"\x0esession_handle\x18\b \x01(\tR\rsessionHandle\x12\x14\n" +
+	"\x05limit\x18\t \x01(\x05R\x05limit\x12,\n" +
+	"\x04mode\x18\n" +
+	" \x01(\x0e2\x18.coordinator.v1.LockModeR\x04mode\"\x96\x03\n" +
 	"\x0fAcquireResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x03R\x05token\x12\x16\n" +
 	"\x06handle\x18\x02 \x01(\tR\x06handle\x12\x19\n" +
@@ -2362,7 +2544,10 @@ const file_coordinator_v1_lock_proto_rawDesc = "" +
 	"safe_until\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tsafeUntil\x12;\n" +
 	"\vacquired_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"acquiredAt\x12\x18\n" +
-	"\aresumed\x18\b \x01(\bR\aresumed\"R\n" +
+	"\aresumed\x18\b \x01(\bR\aresumed\x12\x12\n" +
+	"\x04slot\x18\t \x01(\x05R\x04slot\x12,\n" +
+	"\x04mode\x18\n" +
+	" \x01(\x0e2\x18.coordinator.v1.LockModeR\x04mode\"R\n" +
 	"\x0eReleaseRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x03R\x05token\x12\x16\n" +
@@ -2394,7 +2579,7 @@ const file_coordinator_v1_lock_proto_rawDesc = "" +
 	"\x0fREASON_NOT_HELD\x10\x03\x12\x11\n" +
 	"\rREASON_FENCED\x10\x04\"%\n" +
 	"\x0fDescribeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xc0\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x98\x02\n" +
 	"\x06Holder\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x03R\x05token\x12\x14\n" +
@@ -2402,13 +2587,18 @@ const file_coordinator_v1_lock_proto_rawDesc = "" +
 	"\vacquired_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"acquiredAt\x129\n" +
 	"\n" +
-	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"_\n" +
+	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12,\n" +
+	"\x04mode\x18\x06 \x01(\x0e2\x18.coordinator.v1.LockModeR\x04mode\x12\x12\n" +
+	"\x04slot\x18\a \x01(\x05R\x04slot\x12\x14\n" +
+	"\x05limit\x18\b \x01(\x05R\x05limit\"\x8d\x01\n" +
 	"\x06Waiter\x12\x14\n" +
 	"\x05owner\x18\x01 \x01(\tR\x05owner\x12?\n" +
-	"\rwaiting_since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\fwaitingSince\"t\n" +
+	"\rwaiting_since\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\fwaitingSince\x12,\n" +
+	"\x04mode\x18\x03 \x01(\x0e2\x18.coordinator.v1.LockModeR\x04mode\"\xa6\x01\n" +
 	"\x10DescribeResponse\x12.\n" +
 	"\x06holder\x18\x01 \x01(\v2\x16.coordinator.v1.HolderR\x06holder\x120\n" +
-	"\awaiters\x18\x02 \x03(\v2\x16.coordinator.v1.WaiterR\awaiters\"a\n" +
+	"\awaiters\x18\x02 \x03(\v2\x16.coordinator.v1.WaiterR\awaiters\x120\n" +
+	"\aholders\x18\x03 \x03(\v2\x16.coordinator.v1.HolderR\aholders\"a\n" +
 	"\vListRequest\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
@@ -2493,7 +2683,11 @@ const file_coordinator_v1_lock_proto_rawDesc = "" +
 	"\x06handle\x18\x01 \x01(\tR\x06handle\"b\n" +
 	"\x14CloseSessionResponse\x12\x16\n" +
 	"\x06closed\x18\x01 \x01(\bR\x06closed\x122\n" +
-	"\breleased\x18\x02 \x03(\v2\x16.coordinator.v1.HolderR\breleased2\xeb\a\n" +
+	"\breleased\x18\x02 \x03(\v2\x16.coordinator.v1.HolderR\breleased*T\n" +
+	"\bLockMode\x12\x19\n" +
+	"\x15LOCK_MODE_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13LOCK_MODE_EXCLUSIVE\x10\x01\x12\x14\n" +
+	"\x10LOCK_MODE_SHARED\x10\x022\xeb\a\n" +
 	"\vLockService\x12J\n" +
 	"\aAcquire\x12\x1e.coordinator.v1.AcquireRequest\x1a\x1f.coordinator.v1.AcquireResponse\x12J\n" +
 	"\aRelease\x12\x1e.coordinator.v1.ReleaseRequest\x1a\x1f.coordinator.v1.ReleaseResponse\x12P\n" +
@@ -2520,115 +2714,121 @@ func file_coordinator_v1_lock_proto_rawDescGZIP() []byte {
 	return file_coordinator_v1_lock_proto_rawDescData
 }
 
-var file_coordinator_v1_lock_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_coordinator_v1_lock_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_coordinator_v1_lock_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_coordinator_v1_lock_proto_goTypes = []any{
-	(ValidateTokenResponse_Reason)(0), // 0: coordinator.v1.ValidateTokenResponse.Reason
-	(HoldLost_Reason)(0),              // 1: coordinator.v1.HoldLost.Reason
-	(WatchResponse_Kind)(0),           // 2: coordinator.v1.WatchResponse.Kind
-	(*AcquireRequest)(nil),            // 3: coordinator.v1.AcquireRequest
-	(*AcquireResponse)(nil),           // 4: coordinator.v1.AcquireResponse
-	(*ReleaseRequest)(nil),            // 5: coordinator.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),           // 6: coordinator.v1.ReleaseResponse
-	(*KeepAliveRequest)(nil),          // 7: coordinator.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),         // 8: coordinator.v1.KeepAliveResponse
-	(*ValidateTokenRequest)(nil),      // 9: coordinator.v1.ValidateTokenRequest
-	(*ValidateTokenResponse)(nil),     // 10: coordinator.v1.ValidateTokenResponse
-	(*DescribeRequest)(nil),           // 11: coordinator.v1.DescribeRequest
-	(*Holder)(nil),                    // 12: coordinator.v1.Holder
-	(*Waiter)(nil),                    // 13: coordinator.v1.Waiter
-	(*DescribeResponse)(nil),          // 14: coordinator.v1.DescribeResponse
-	(*ListRequest)(nil),               // 15: coordinator.v1.ListRequest
-	(*ListResponse)(nil),              // 16: coordinator.v1.ListResponse
-	(*HoldRequest)(nil),               // 17: coordinator.v1.HoldRequest
-	(*HoldAcquire)(nil),               // 18: coordinator.v1.HoldAcquire
-	(*HoldResume)(nil),                // 19: coordinator.v1.HoldResume
-	(*HoldHeartbeat)(nil),             // 20: coordinator.v1.HoldHeartbeat
-	(*HoldRelease)(nil),               // 21: coordinator.v1.HoldRelease
-	(*HoldResponse)(nil),              // 22: coordinator.v1.HoldResponse
-	(*HoldLost)(nil),                  // 23: coordinator.v1.HoldLost
-	(*WatchRequest)(nil),              // 24: coordinator.v1.WatchRequest
-	(*WatchResponse)(nil),             // 25: coordinator.v1.WatchResponse
-	(*ForceReleaseRequest)(nil),       // 26: coordinator.v1.ForceReleaseRequest
-	(*ForceReleaseResponse)(nil),      // 27: coordinator.v1.ForceReleaseResponse
-	(*OpenSessionRequest)(nil),        // 28: coordinator.v1.OpenSessionRequest
-	(*OpenSessionResponse)(nil),       // 29: coordinator.v1.OpenSessionResponse
-	(*KeepAliveSessionRequest)(nil),   // 30: coordinator.v1.KeepAliveSessionRequest
-	(*KeepAliveSessionResponse)(nil),  // 31: coordinator.v1.KeepAliveSessionResponse
-	(*CloseSessionRequest)(nil),       // 32: coordinator.v1.CloseSessionRequest
-	(*CloseSessionResponse)(nil),      // 33: coordinator.v1.CloseSessionResponse
-	(*durationpb.Duration)(nil),       // 34: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 35: google.protobuf.Timestamp
+	(LockMode)(0),                     // 0: coordinator.v1.LockMode
+	(ValidateTokenResponse_Reason)(0), // 1: coordinator.v1.ValidateTokenResponse.Reason
+	(HoldLost_Reason)(0),              // 2: coordinator.v1.HoldLost.Reason
+	(WatchResponse_Kind)(0),           // 3: coordinator.v1.WatchResponse.Kind
+	(*AcquireRequest)(nil),            // 4: coordinator.v1.AcquireRequest
+	(*AcquireResponse)(nil),           // 5: coordinator.v1.AcquireResponse
+	(*ReleaseRequest)(nil),            // 6: coordinator.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),           // 7: coordinator.v1.ReleaseResponse
+	(*KeepAliveRequest)(nil),          // 8: coordinator.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),         // 9: coordinator.v1.KeepAliveResponse
+	(*ValidateTokenRequest)(nil),      // 10: coordinator.v1.ValidateTokenRequest
+	(*ValidateTokenResponse)(nil),     // 11: coordinator.v1.ValidateTokenResponse
+	(*DescribeRequest)(nil),           // 12: coordinator.v1.DescribeRequest
+	(*Holder)(nil),                    // 13: coordinator.v1.Holder
+	(*Waiter)(nil),                    // 14: coordinator.v1.Waiter
+	(*DescribeResponse)(nil),          // 15: coordinator.v1.DescribeResponse
+	(*ListRequest)(nil),               // 16: coordinator.v1.ListRequest
+	(*ListResponse)(nil),              // 17: coordinator.v1.ListResponse
+	(*HoldRequest)(nil),               // 18: coordinator.v1.HoldRequest
+	(*HoldAcquire)(nil),               // 19: coordinator.v1.HoldAcquire
+	(*HoldResume)(nil),                // 20: coordinator.v1.HoldResume
+	(*HoldHeartbeat)(nil),             // 21: coordinator.v1.HoldHeartbeat
+	(*HoldRelease)(nil),               // 22: coordinator.v1.HoldRelease
+	(*HoldResponse)(nil),              // 23: coordinator.v1.HoldResponse
+	(*HoldLost)(nil),                  // 24: coordinator.v1.HoldLost
+	(*WatchRequest)(nil),              // 25: coordinator.v1.WatchRequest
+	(*WatchResponse)(nil),             // 26: coordinator.v1.WatchResponse
+	(*ForceReleaseRequest)(nil),       // 27: coordinator.v1.ForceReleaseRequest
+	(*ForceReleaseResponse)(nil),      // 28: coordinator.v1.ForceReleaseResponse
+	(*OpenSessionRequest)(nil),        // 29: coordinator.v1.OpenSessionRequest
+	(*OpenSessionResponse)(nil),       // 30: coordinator.v1.OpenSessionResponse
+	(*KeepAliveSessionRequest)(nil),   // 31: coordinator.v1.KeepAliveSessionRequest
+	(*KeepAliveSessionResponse)(nil),  // 32: coordinator.v1.KeepAliveSessionResponse
+	(*CloseSessionRequest)(nil),       // 33: coordinator.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),      // 34: coordinator.v1.CloseSessionResponse
+	(*durationpb.Duration)(nil),       // 35: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 36: google.protobuf.Timestamp
 }
 var file_coordinator_v1_lock_proto_depIdxs = []int32{
-	34, // 0: coordinator.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
-	34, // 1: coordinator.v1.AcquireRequest.wait:type_name -> google.protobuf.Duration
-	34, // 2: coordinator.v1.AcquireRequest.max_hold:type_name -> google.protobuf.Duration
-	34, // 3: coordinator.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
-	34, // 4: coordinator.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
-	35, // 5: coordinator.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
-	35, // 6: coordinator.v1.AcquireResponse.safe_until:type_name -> google.protobuf.Timestamp
-	35, // 7: coordinator.v1.AcquireResponse.acquired_at:type_name -> google.protobuf.Timestamp
-	34, // 8: coordinator.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
-	35, // 9: coordinator.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	35, // 10: coordinator.v1.KeepAliveResponse.safe_until:type_name -> google.protobuf.Timestamp
-	0,  // 11: coordinator.v1.ValidateTokenResponse.reason:type_name -> coordinator.v1.ValidateTokenResponse.Reason
-	35, // 12: coordinator.v1.Holder.acquired_at:type_name -> google.protobuf.Timestamp
-	35, // 13: coordinator.v1.Holder.expires_at:type_name -> google.protobuf.Timestamp
-	35, // 14: coordinator.v1.Waiter.waiting_since:type_name -> google.protobuf.Timestamp
-	12, // 15: coordinator.v1.DescribeResponse.holder:type_name -> coordinator.v1.Holder
-	13, // 16: coordinator.v1.DescribeResponse.waiters:type_name -> coordinator.v1.Waiter
-	12, // 17: coordinator.v1.ListResponse.holders:type_name -> coordinator.v1.Holder
-	18, // 18: coordinator.v1.HoldRequest.acquire:type_name -> coordinator.v1.HoldAcquire
-	19, // 19: coordinator.v1.HoldRequest.resume:type_name -> coordinator.v1.HoldResume
-	20, // 20: coordinator.v1.HoldRequest.heartbeat:type_name -> coordinator.v1.HoldHeartbeat
-	21, // 21: coordinator.v1.HoldRequest.release:type_name -> coordinator.v1.HoldRelease
-	3,  // 22: coordinator.v1.HoldAcquire.request:type_name -> coordinator.v1.AcquireRequest
-	4,  // 23: coordinator.v1.HoldResponse.granted:type_name -> coordinator.v1.AcquireResponse
-	8,  // 24: coordinator.v1.HoldResponse.renewed:type_name -> coordinator.v1.KeepAliveResponse
-	23, // 25: coordinator.v1.HoldResponse.lost:type_name -> coordinator.v1.HoldLost
-	6,  // 26: coordinator.v1.HoldResponse.released:type_name -> coordinator.v1.ReleaseResponse
-	1,  // 27: coordinator.v1.HoldLost.reason:type_name -> coordinator.v1.HoldLost.Reason
-	2,  // 28: coordinator.v1.WatchResponse.kind:type_name -> coordinator.v1.WatchResponse.Kind
-	12, // 29: coordinator.v1.WatchResponse.holder:type_name -> coordinator.v1.Holder
-	34, // 30: coordinator.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
-	34, // 31: coordinator.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
-	35, // 32: coordinator.v1.OpenSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
-	35, // 33: coordinator.v1.OpenSessionResponse.safe_until:type_name -> google.protobuf.Timestamp
-	34, // 34: coordinator.v1.KeepAliveSessionResponse.ttl:type_name -> google.protobuf.Duration
-	35, // 35: coordinator.v1.KeepAliveSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
-	35, // 36: coordinator.v1.KeepAliveSessionResponse.safe_until:type_name -> google.protobuf.Timestamp
-	12, // 37: coordinator.v1.KeepAliveSessionResponse.holders:type_name -> coordinator.v1.Holder
-	12, // 38: coordinator.v1.CloseSessionResponse.released:type_name -> coordinator.v1.Holder
-	3,  // 39: coordinator.v1.LockService.Acquire:input_type -> coordinator.v1.AcquireRequest
-	5,  // 40: coordinator.v1.LockService.Release:input_type -> coordinator.v1.ReleaseRequest
-	7,  // 41: coordinator.v1.LockService.KeepAlive:input_type -> coordinator.v1.KeepAliveRequest
-	9,  // 42: coordinator.v1.LockService.ValidateToken:input_type -> coordinator.v1.ValidateTokenRequest
-	11, // 43: coordinator.v1.LockService.Describe:input_type -> coordinator.v1.DescribeRequest
-	17, // 44: coordinator.v1.LockService.Hold:input_type -> coordinator.v1.HoldRequest
-	24, // 45: coordinator.v1.LockService.Watch:input_type -> coordinator.v1.WatchRequest
-	26, // 46: coordinator.v1.LockService.ForceRelease:input_type -> coordinator.v1.ForceReleaseRequest
-	28, // 47: coordinator.v1.LockService.OpenSession:input_type -> coordinator.v1.OpenSessionRequest
-	30, // 48: coordinator.v1.LockService.KeepAliveSession:input_type -> coordinator.v1.KeepAliveSessionRequest
-	32, // 49: coordinator.v1.LockService.CloseSession:input_type -> coordinator.v1.CloseSessionRequest
-	15, // 50: coordinator.v1.LockService.List:input_type -> coordinator.v1.ListRequest
-	4,  // 51: coordinator.v1.LockService.Acquire:output_type -> coordinator.v1.AcquireResponse
-	6,  // 52: coordinator.v1.LockService.Release:output_type -> coordinator.v1.ReleaseResponse
-	8,  // 53: coordinator.v1.LockService.KeepAlive:output_type -> coordinator.v1.KeepAliveResponse
-	10, // 54: coordinator.v1.LockService.ValidateToken:output_type -> coordinator.v1.ValidateTokenResponse
-	14, // 55: coordinator.v1.LockService.Describe:output_type -> coordinator.v1.DescribeResponse
-	22, // 56: coordinator.v1.LockService.Hold:output_type -> coordinator.v1.HoldResponse
-	25, // 57: coordinator.v1.LockService.Watch:output_type -> coordinator.v1.WatchResponse
-	27, // 58: coordinator.v1.LockService.ForceRelease:output_type -> coordinator.v1.ForceReleaseResponse
-	29, // 59: coordinator.v1.LockService.OpenSession:output_type -> coordinator.v1.OpenSessionResponse
-	31, // 60: coordinator.v1.LockService.KeepAliveSession:output_type -> coordinator.v1.KeepAliveSessionResponse
-	33, // 61: coordinator.v1.LockService.CloseSession:output_type -> coordinator.v1.CloseSessionResponse
-	16, // 62: coordinator.v1.LockService.List:output_type -> coordinator.v1.ListResponse
-	51, // [51:63] is the sub-list for method output_type
-	39, // [39:51] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	35, // 0: coordinator.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	35, // 1: coordinator.v1.AcquireRequest.wait:type_name -> google.protobuf.Duration
+	35, // 2: coordinator.v1.AcquireRequest.max_hold:type_name -> google.protobuf.Duration
+	35, // 3: coordinator.v1.AcquireRequest.lock_delay:type_name -> google.protobuf.Duration
+	0,  // 4: coordinator.v1.AcquireRequest.mode:type_name -> coordinator.v1.LockMode
+	35, // 5: coordinator.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
+	36, // 6: coordinator.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
+	36, // 7: coordinator.v1.AcquireResponse.safe_until:type_name -> google.protobuf.Timestamp
+	36, // 8: coordinator.v1.AcquireResponse.acquired_at:type_name -> google.protobuf.Timestamp
+	0,  // 9: coordinator.v1.AcquireResponse.mode:type_name -> coordinator.v1.LockMode
+	35, // 10: coordinator.v1.KeepAliveResponse.ttl:type_name -> google.protobuf.Duration
+	36, // 11: coordinator.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	36, // 12: coordinator.v1.KeepAliveResponse.safe_until:type_name -> google.protobuf.Timestamp
+	1,  // 13: coordinator.v1.ValidateTokenResponse.reason:type_name -> coordinator.v1.ValidateTokenResponse.Reason
+	36, // 14: coordinator.v1.Holder.acquired_at:type_name -> google.protobuf.Timestamp
+	36, // 15: coordinator.v1.Holder.expires_at:type_name -> google.protobuf.Timestamp
+	0,  // 16: coordinator.v1.Holder.mode:type_name -> coordinator.v1.LockMode
+	36, // 17: coordinator.v1.Waiter.waiting_since:type_name -> google.protobuf.Timestamp
+	0,  // 18: coordinator.v1.Waiter.mode:type_name -> coordinator.v1.LockMode
+	13, // 19: coordinator.v1.DescribeResponse.holder:type_name -> coordinator.v1.Holder
+	14, // 20: coordinator.v1.DescribeResponse.waiters:type_name -> coordinator.v1.Waiter
+	13, // 21: coordinator.v1.DescribeResponse.holders:type_name -> coordinator.v1.Holder
+	13, // 22: coordinator.v1.ListResponse.holders:type_name -> coordinator.v1.Holder
+	19, // 23: coordinator.v1.HoldRequest.acquire:type_name -> coordinator.v1.HoldAcquire
+	20, // 24: coordinator.v1.HoldRequest.resume:type_name -> coordinator.v1.HoldResume
+	21, // 25: coordinator.v1.HoldRequest.heartbeat:type_name -> coordinator.v1.HoldHeartbeat
+	22, // 26: coordinator.v1.HoldRequest.release:type_name -> coordinator.v1.HoldRelease
+	4,  // 27: coordinator.v1.HoldAcquire.request:type_name -> coordinator.v1.AcquireRequest
+	5,  // 28: coordinator.v1.HoldResponse.granted:type_name -> coordinator.v1.AcquireResponse
+	9,  // 29: coordinator.v1.HoldResponse.renewed:type_name -> coordinator.v1.KeepAliveResponse
+	24, // 30: coordinator.v1.HoldResponse.lost:type_name -> coordinator.v1.HoldLost
+	7,  // 31: coordinator.v1.HoldResponse.released:type_name -> coordinator.v1.ReleaseResponse
+	2,  // 32: coordinator.v1.HoldLost.reason:type_name -> coordinator.v1.HoldLost.Reason
+	3,  // 33: coordinator.v1.WatchResponse.kind:type_name -> coordinator.v1.WatchResponse.Kind
+	13, // 34: coordinator.v1.WatchResponse.holder:type_name -> coordinator.v1.Holder
+	35, // 35: coordinator.v1.OpenSessionRequest.ttl:type_name -> google.protobuf.Duration
+	35, // 36: coordinator.v1.OpenSessionResponse.ttl:type_name -> google.protobuf.Duration
+	36, // 37: coordinator.v1.OpenSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	36, // 38: coordinator.v1.OpenSessionResponse.safe_until:type_name -> google.protobuf.Timestamp
+	35, // 39: coordinator.v1.KeepAliveSessionResponse.ttl:type_name -> google.protobuf.Duration
+	36, // 40: coordinator.v1.KeepAliveSessionResponse.expires_at:type_name -> google.protobuf.Timestamp
+	36, // 41: coordinator.v1.KeepAliveSessionResponse.safe_until:type_name -> google.protobuf.Timestamp
+	13, // 42: coordinator.v1.KeepAliveSessionResponse.holders:type_name -> coordinator.v1.Holder
+	13, // 43: coordinator.v1.CloseSessionResponse.released:type_name -> coordinator.v1.Holder
+	4,  // 44: coordinator.v1.LockService.Acquire:input_type -> coordinator.v1.AcquireRequest
+	6,  // 45: coordinator.v1.LockService.Release:input_type -> coordinator.v1.ReleaseRequest
+	8,  // 46: coordinator.v1.LockService.KeepAlive:input_type -> coordinator.v1.KeepAliveRequest
+	10, // 47: coordinator.v1.LockService.ValidateToken:input_type -> coordinator.v1.ValidateTokenRequest
+	12, // 48: coordinator.v1.LockService.Describe:input_type -> coordinator.v1.DescribeRequest
+	18, // 49: coordinator.v1.LockService.Hold:input_type -> coordinator.v1.HoldRequest
+	25, // 50: coordinator.v1.LockService.Watch:input_type -> coordinator.v1.WatchRequest
+	27, // 51: coordinator.v1.LockService.ForceRelease:input_type -> coordinator.v1.ForceReleaseRequest
+	29, // 52: coordinator.v1.LockService.OpenSession:input_type -> coordinator.v1.OpenSessionRequest
+	31, // 53: coordinator.v1.LockService.KeepAliveSession:input_type -> coordinator.v1.KeepAliveSessionRequest
+	33, // 54: coordinator.v1.LockService.CloseSession:input_type -> coordinator.v1.CloseSessionRequest
+	16, // 55: coordinator.v1.LockService.List:input_type -> coordinator.v1.ListRequest
+	5,  // 56: coordinator.v1.LockService.Acquire:output_type -> coordinator.v1.AcquireResponse
+	7,  // 57: coordinator.v1.LockService.Release:output_type -> coordinator.v1.ReleaseResponse
+	9,  // 58: coordinator.v1.LockService.KeepAlive:output_type -> coordinator.v1.KeepAliveResponse
+	11, // 59: coordinator.v1.LockService.ValidateToken:output_type -> coordinator.v1.ValidateTokenResponse
+	15, // 60: coordinator.v1.LockService.Describe:output_type -> coordinator.v1.DescribeResponse
+	23, // 61: coordinator.v1.LockService.Hold:output_type -> coordinator.v1.HoldResponse
+	26, // 62: coordinator.v1.LockService.Watch:output_type -> coordinator.v1.WatchResponse
+	28, // 63: coordinator.v1.LockService.ForceRelease:output_type -> coordinator.v1.ForceReleaseResponse
+	30, // 64: coordinator.v1.LockService.OpenSession:output_type -> coordinator.v1.OpenSessionResponse
+	32, // 65: coordinator.v1.LockService.KeepAliveSession:output_type -> coordinator.v1.KeepAliveSessionResponse
+	34, // 66: coordinator.v1.LockService.CloseSession:output_type -> coordinator.v1.CloseSessionResponse
+	17, // 67: coordinator.v1.LockService.List:output_type -> coordinator.v1.ListResponse
+	56, // [56:68] is the sub-list for method output_type
+	44, // [44:56] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_v1_lock_proto_init() }
@@ -2653,7 +2853,7 @@ func file_coordinator_v1_lock_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_coordinator_v1_lock_proto_rawDesc), len(file_coordinator_v1_lock_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -103,6 +103,11 @@ export interface AcquireOptions {
   onRenewError?: (err: CoordinatorError) => void;
   // First retry pause, seconds (default 0.1), doubled up to 2s, ±20% jitter.
   backoff?: number;
+  // A counting semaphore of this many holders (every acquisition of the name
+  // must ask for the same); the Lease's slot says which permit it holds.
+  limit?: number;
+  // A read-write lock's reader (default: a writer).
+  shared?: boolean;
 }
 
 // deadlineReset names a stream reset at the call's deadline for what it is.
@@ -148,7 +153,8 @@ export class Client {
   // with LockHeld (holderToken) when not granted within `wait`, with
   // CoordinatorError otherwise.
   async acquire(name: string, o: AcquireOptions): Promise<Lease> {
-    const req: AcquireRequest = { name, owner: o.owner ?? '', ttl: duration(o.ttl), requestId: o.requestId ?? randomUUID() };
+    const req: AcquireRequest = { name, owner: o.owner ?? '', ttl: duration(o.ttl), requestId: o.requestId ?? randomUUID(), limit: o.limit ?? 0 };
+    if (o.shared) req.mode = 'LOCK_MODE_SHARED';
     if (o.wait !== undefined && o.wait !== null) req.wait = duration(o.wait);
     const first = performance.now();
     const end = first + (o.deadline ?? 30) * 1000;
@@ -203,6 +209,7 @@ export class Lease {
   readonly handle: string; // the secret: never print or log it
   readonly ttl: number; // seconds
   readonly resumed: boolean; // a retry got the grant an earlier attempt made
+  readonly slot: number; // a semaphore's permit: tokens rise per slot
   readonly margin: number;
   readonly interval: number; // seconds between renewals
   lostReason = '';
@@ -225,6 +232,7 @@ export class Lease {
     this.handle = grant.handle;
     this.ttl = seconds(grant.ttl);
     this.resumed = grant.resumed;
+    this.slot = grant.slot;
     this.margin = margin(this.ttl);
     this.interval = (this.ttl - this.margin) / 3;
     this.safeUntilMs = sentMs + (this.ttl - this.margin) * 1000;

@@ -18,6 +18,8 @@ export interface AcquireRequest {
   wait?: Duration;
   owner?: string;
   requestId?: string;
+  limit?: number; // a counting semaphore of that many holders
+  mode?: string; // 'LOCK_MODE_SHARED': a read-write lock's reader
 }
 
 export interface AcquireResponse {
@@ -29,6 +31,8 @@ export interface AcquireResponse {
   safeUntil: Timestamp | null;
   acquiredAt: Timestamp | null;
   resumed: boolean;
+  slot: number; // a semaphore's permit
+  mode: string;
 }
 
 export interface GrantRequest {

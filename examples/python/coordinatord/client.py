@@ -59,7 +59,8 @@ class Client:
         self.close()
 
     def acquire(self, name, ttl, owner="", wait=None, deadline=30.0, attempt_timeout=None,
-                request_id=None, keep_alive=True, on_renew_error=None, backoff=0.1):
+                request_id=None, keep_alive=True, on_renew_error=None, backoff=0.1,
+                limit=0, shared=False):
         """Acquire the lock `name` and return its Lease, renewed in the
         background unless keep_alive=False.
 
@@ -74,9 +75,16 @@ class Client:
         when not granted within `wait`, CoordinatorError otherwise.
         on_renew_error(err) is called with each CoordinatorError of a
         renewal that will be retried.
+
+        limit: a counting semaphore of that many holders (every acquisition
+        of the name must ask for the same; the Lease's slot says which
+        permit it holds). shared: a read-write lock's reader (without it,
+        a writer).
         """
         req = lock_pb2.AcquireRequest(name=name, owner=owner, ttl=_duration(ttl),
-                                      request_id=request_id or str(uuid.uuid4()))
+                                      request_id=request_id or str(uuid.uuid4()), limit=limit)
+        if shared:
+            req.mode = lock_pb2.LOCK_MODE_SHARED
         if wait is not None:
             req.wait.CopyFrom(_duration(wait))
         first = time.monotonic()
@@ -129,6 +137,7 @@ class Lease:
         self.handle = grant.handle  # the secret: never print or log it
         self.ttl = grant.ttl.ToNanoseconds() / 1e9
         self.resumed = grant.resumed  # a retry got the grant an earlier attempt made
+        self.slot = grant.slot  # a semaphore's permit: tokens rise per slot
         self.request_id = request_id
         self.attempts = attempts
         self.margin = margin(self.ttl)

@@ -127,6 +127,22 @@ def test_try_lock_of_a_held_lock_is_lock_held(client, name):
     assert e.value.holder_token == holder.token
 
 
+def test_semaphore_admits_its_limit_on_slots_of_their_own(client, name):
+    with client.acquire(name, ttl=5, limit=2) as a, client.acquire(name, ttl=5, limit=2) as b:
+        assert {a.slot, b.slot} == {0, 1}
+        with pytest.raises(coordinatord.LockHeld):
+            client.acquire(name, ttl=5, wait=0, limit=2)
+        with pytest.raises(coordinatord.CoordinatorError) as e:
+            client.acquire(name, ttl=5, wait=0, limit=3)
+        assert e.value.reason == "LIMIT_MISMATCH"
+
+
+def test_readers_share_and_a_writer_waits(client, name):
+    with client.acquire(name, ttl=5, shared=True), client.acquire(name, ttl=5, shared=True, wait=0):
+        with pytest.raises(coordinatord.LockHeld):
+            client.acquire(name, ttl=5, wait=0)
+
+
 def test_request_id_reused_with_other_parameters(client, name):
     with client.acquire(name, ttl=5, request_id="pytest-request-id-0001"):
         with pytest.raises(coordinatord.CoordinatorError) as e:

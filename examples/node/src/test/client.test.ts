@@ -189,6 +189,30 @@ test('a try-lock of a held lock is LOCK_HELD with the holder token', async () =>
   await holder.release();
 });
 
+test('a semaphore of 2 admits two holders on slots of their own', async () => {
+  const name = uniqueName('sem');
+  const a = await client.acquire(name, { ttl: 5, limit: 2 });
+  const b = await client.acquire(name, { ttl: 5, limit: 2 });
+  assert.deepEqual([a.slot, b.slot].sort(), [0, 1]);
+  await assert.rejects(client.acquire(name, { ttl: 5, wait: 0, limit: 2 }), (e: unknown) => e instanceof LockHeld);
+  await assert.rejects(client.acquire(name, { ttl: 5, wait: 0, limit: 3 }), (e: unknown) => {
+    assert.ok(e instanceof CoordinatorError);
+    assert.equal(e.reason, 'LIMIT_MISMATCH');
+    return true;
+  });
+  await a.release();
+  await b.release();
+});
+
+test('readers share a read-write lock and a writer waits', async () => {
+  const name = uniqueName('rw');
+  const r1 = await client.acquire(name, { ttl: 5, shared: true });
+  const r2 = await client.acquire(name, { ttl: 5, shared: true, wait: 0 });
+  await assert.rejects(client.acquire(name, { ttl: 5, wait: 0 }), (e: unknown) => e instanceof LockHeld);
+  await r1.release();
+  await r2.release();
+});
+
 test('a request_id reused with other parameters is REQUEST_ID_REUSED', async () => {
   const name = uniqueName('reused');
   const requestId = `node-${randomUUID()}`;

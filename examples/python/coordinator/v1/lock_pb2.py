@@ -3,6 +3,7 @@
 
 import sys
 _b=sys.version_info[0]<3 and (lambda x:x) or (lambda x:x.encode('latin1'))
+from google.protobuf.internal import enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import reflection as _reflection
@@ -21,10 +22,40 @@ DESCRIPTOR = _descriptor.FileDescriptor(
   name='coordinator/v1/lock.proto',
   package='coordinator.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x19\x63oordinator/v1/lock.proto\x12\x0e\x63oordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x86\x02\n\x0e\x41\x63quireRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\'\n\x04wait\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12+\n\x08max_hold\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nlock_delay\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0esession_handle\x18\x08 \x01(\t\"\x8c\x02\n\x0f\x41\x63quireResponse\x12\r\n\x05token\x18\x01 \x01(\x03\x12\x0e\n\x06handle\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\x03\x12&\n\x03ttl\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nsafe_until\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x61\x63quired_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07resumed\x18\x08 \x01(\x08\"=\n\x0eReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x0e\n\x06handle\x18\x03 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"?\n\x10KeepAliveRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x0e\n\x06handle\x18\x03 \x01(\t\"\x9b\x01\n\x11KeepAliveResponse\x12&\n\x03ttl\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nsafe_until\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"E\n\x14ValidateTokenRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x10\n\x08resource\x18\x03 \x01(\t\"\xf0\x01\n\x15ValidateTokenResponse\x12\r\n\x05valid\x18\x01 \x01(\x08\x12<\n\x06reason\x18\x02 \x01(\x0e\x32,.coordinator.v1.ValidateTokenResponse.Reason\x12\x15\n\rcurrent_token\x18\x03 \x01(\x03\"s\n\x06Reason\x12\x16\n\x12REASON_UNSPECIFIED\x10\x00\x12\x12\n\x0eREASON_CURRENT\x10\x01\x12\x15\n\x11REASON_SUPERSEDED\x10\x02\x12\x13\n\x0fREASON_NOT_HELD\x10\x03\x12\x11\n\rREASON_FENCED\x10\x04\"\x1f\n\x0f\x44\x65scribeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x95\x01\n\x06Holder\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\r\n\x05owner\x18\x03 \x01(\t\x12/\n\x0b\x61\x63quired_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"J\n\x06Waiter\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x31\n\rwaiting_since\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"c\n\x10\x44\x65scribeResponse\x12&\n\x06holder\x18\x01 \x01(\x0b\x32\x16.coordinator.v1.Holder\x12\'\n\x07waiters\x18\x02 \x03(\x0b\x32\x16.coordinator.v1.Waiter\"D\n\x0bListRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"P\n\x0cListResponse\x12\'\n\x07holders\x18\x01 \x03(\x0b\x32\x16.coordinator.v1.Holder\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xd7\x01\n\x0bHoldRequest\x12.\n\x07\x61\x63quire\x18\x01 \x01(\x0b\x32\x1b.coordinator.v1.HoldAcquireH\x00\x12,\n\x06resume\x18\x02 \x01(\x0b\x32\x1a.coordinator.v1.HoldResumeH\x00\x12\x32\n\theartbeat\x18\x03 \x01(\x0b\x32\x1d.coordinator.v1.HoldHeartbeatH\x00\x12.\n\x07release\x18\x04 \x01(\x0b\x32\x1b.coordinator.v1.HoldReleaseH\x00\x42\x06\n\x04kind\"]\n\x0bHoldAcquire\x12/\n\x07request\x18\x01 \x01(\x0b\x32\x1e.coordinator.v1.AcquireRequest\x12\x1d\n\x15release_on_disconnect\x18\x02 \x01(\x08\"X\n\nHoldResume\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x0e\n\x06handle\x18\x03 \x01(\t\x12\x1d\n\x15release_on_disconnect\x18\x04 \x01(\x08\"\x0f\n\rHoldHeartbeat\"\r\n\x0bHoldRelease\"\xe0\x01\n\x0cHoldResponse\x12\x32\n\x07granted\x18\x01 \x01(\x0b\x32\x1f.coordinator.v1.AcquireResponseH\x00\x12\x34\n\x07renewed\x18\x02 \x01(\x0b\x32!.coordinator.v1.KeepAliveResponseH\x00\x12(\n\x04lost\x18\x03 \x01(\x0b\x32\x18.coordinator.v1.HoldLostH\x00\x12\x33\n\x08released\x18\x04 \x01(\x0b\x32\x1f.coordinator.v1.ReleaseResponseH\x00\x42\x07\n\x05\x65vent\"\xe1\x01\n\x08HoldLost\x12/\n\x06reason\x18\x01 \x01(\x0e\x32\x1f.coordinator.v1.HoldLost.Reason\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x83\x01\n\x06Reason\x12\x16\n\x12REASON_UNSPECIFIED\x10\x00\x12\x12\n\x0eREASON_EXPIRED\x10\x01\x12\x19\n\x15REASON_FORCE_RELEASED\x10\x02\x12\x1d\n\x19REASON_RELEASED_ELSEWHERE\x10\x03\x12\x13\n\x0fREASON_MAX_HOLD\x10\x04\"4\n\x0cWatchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0estart_revision\x18\x02 \x01(\x03\"\xfc\x01\n\rWatchResponse\x12\x30\n\x04kind\x18\x01 \x01(\x0e\x32\".coordinator.v1.WatchResponse.Kind\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12&\n\x06holder\x18\x03 \x01(\x0b\x32\x16.coordinator.v1.Holder\"\x7f\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cKIND_CURRENT\x10\x01\x12\x11\n\rKIND_ACQUIRED\x10\x02\x12\x11\n\rKIND_RELEASED\x10\x03\x12\x10\n\x0cKIND_EXPIRED\x10\x04\x12\x17\n\x13KIND_FORCE_RELEASED\x10\x05\"2\n\x13\x46orceReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\"(\n\x14\x46orceReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"K\n\x12OpenSessionRequest\x12&\n\x03ttl\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05owner\x18\x02 \x01(\t\"\xbf\x01\n\x13OpenSessionResponse\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nsafe_until\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\")\n\x17KeepAliveSessionRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\xcb\x01\n\x18KeepAliveSessionResponse\x12&\n\x03ttl\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nsafe_until\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x07holders\x18\x04 \x03(\x0b\x32\x16.coordinator.v1.Holder\"%\n\x13\x43loseSessionRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\"P\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\x12(\n\x08released\x18\x02 \x03(\x0b\x32\x16.coordinator.v1.Holder2\xeb\x07\n\x0bLockService\x12J\n\x07\x41\x63quire\x12\x1e.coordinator.v1.AcquireRequest\x1a\x1f.coordinator.v1.AcquireResponse\x12J\n\x07Release\x12\x1e.coordinator.v1.ReleaseRequest\x1a\x1f.coordinator.v1.ReleaseResponse\x12P\n\tKeepAlive\x12 .coordinator.v1.KeepAliveRequest\x1a!.coordinator.v1.KeepAliveResponse\x12\\\n\rValidateToken\x12$.coordinator.v1.ValidateTokenRequest\x1a%.coordinator.v1.ValidateTokenResponse\x12M\n\x08\x44\x65scribe\x12\x1f.coordinator.v1.DescribeRequest\x1a .coordinator.v1.DescribeResponse\x12\x45\n\x04Hold\x12\x1b.coordinator.v1.HoldRequest\x1a\x1c.coordinator.v1.HoldResponse(\x01\x30\x01\x12\x46\n\x05Watch\x12\x1c.coordinator.v1.WatchRequest\x1a\x1d.coordinator.v1.WatchResponse0\x01\x12Y\n\x0c\x46orceRelease\x12#.coordinator.v1.ForceReleaseRequest\x1a$.coordinator.v1.ForceReleaseResponse\x12V\n\x0bOpenSession\x12\".coordinator.v1.OpenSessionRequest\x1a#.coordinator.v1.OpenSessionResponse\x12\x65\n\x10KeepAliveSession\x12\'.coordinator.v1.KeepAliveSessionRequest\x1a(.coordinator.v1.KeepAliveSessionResponse\x12Y\n\x0c\x43loseSession\x12#.coordinator.v1.CloseSessionRequest\x1a$.coordinator.v1.CloseSessionResponse\x12\x41\n\x04List\x12\x1b.coordinator.v1.ListRequest\x1a\x1c.coordinator.v1.ListResponseBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3')
+  serialized_pb=_b('\n\x19\x63oordinator/v1/lock.proto\x12\x0e\x63oordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbd\x02\n\x0e\x41\x63quireRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12&\n\x03ttl\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\'\n\x04wait\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05owner\x18\x04 \x01(\t\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12+\n\x08max_hold\x18\x06 \x01(\x0b\x32\x19.google.protobuf.Duration\x12-\n\nlock_delay\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x16\n\x0esession_handle\x18\x08 \x01(\t\x12\r\n\x05limit\x18\t \x01(\x05\x12&\n\x04mode\x18\n \x01(\x0e\x32\x18.coordinator.v1.LockMode\"\xc2\x02\n\x0f\x41\x63quireResponse\x12\r\n\x05token\x18\x01 \x01(\x03\x12\x0e\n\x06handle\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\x03\x12&\n\x03ttl\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nsafe_until\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x61\x63quired_at\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07resumed\x18\x08 \x01(\x08\x12\x0c\n\x04slot\x18\t \x01(\x05\x12&\n\x04mode\x18\n \x01(\x0e\x32\x18.coordinator.v1.LockMode\"=\n\x0eReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x0e\n\x06handle\x18\x03 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"?\n\x10KeepAliveRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x0e\n\x06handle\x18\x03 \x01(\t\"\x9b\x01\n\x11KeepAliveResponse\x12&\n\x03ttl\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nsafe_until\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"E\n\x14ValidateTokenRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x10\n\x08resource\x18\x03 \x01(\t\"\xf0\x01\n\x15ValidateTokenResponse\x12\r\n\x05valid\x18\x01 \x01(\x08\x12<\n\x06reason\x18\x02 \x01(\x0e\x32,.coordinator.v1.ValidateTokenResponse.Reason\x12\x15\n\rcurrent_token\x18\x03 \x01(\x03\"s\n\x06Reason\x12\x16\n\x12REASON_UNSPECIFIED\x10\x00\x12\x12\n\x0eREASON_CURRENT\x10\x01\x12\x15\n\x11REASON_SUPERSEDED\x10\x02\x12\x13\n\x0fREASON_NOT_HELD\x10\x03\x12\x11\n\rREASON_FENCED\x10\x04\"\x1f\n\x0f\x44\x65scribeRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\xda\x01\n\x06Holder\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\r\n\x05owner\x18\x03 \x01(\t\x12/\n\x0b\x61\x63quired_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x04mode\x18\x06 \x01(\x0e\x32\x18.coordinator.v1.LockMode\x12\x0c\n\x04slot\x18\x07 \x01(\x05\x12\r\n\x05limit\x18\x08 \x01(\x05\"r\n\x06Waiter\x12\r\n\x05owner\x18\x01 \x01(\t\x12\x31\n\rwaiting_since\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12&\n\x04mode\x18\x03 \x01(\x0e\x32\x18.coordinator.v1.LockMode\"\x8c\x01\n\x10\x44\x65scribeResponse\x12&\n\x06holder\x18\x01 \x01(\x0b\x32\x16.coordinator.v1.Holder\x12\'\n\x07waiters\x18\x02 \x03(\x0b\x32\x16.coordinator.v1.Waiter\x12\'\n\x07holders\x18\x03 \x03(\x0b\x32\x16.coordinator.v1.Holder\"D\n\x0bListRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"P\n\x0cListResponse\x12\'\n\x07holders\x18\x01 \x03(\x0b\x32\x16.coordinator.v1.Holder\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\xd7\x01\n\x0bHoldRequest\x12.\n\x07\x61\x63quire\x18\x01 \x01(\x0b\x32\x1b.coordinator.v1.HoldAcquireH\x00\x12,\n\x06resume\x18\x02 \x01(\x0b\x32\x1a.coordinator.v1.HoldResumeH\x00\x12\x32\n\theartbeat\x18\x03 \x01(\x0b\x32\x1d.coordinator.v1.HoldHeartbeatH\x00\x12.\n\x07release\x18\x04 \x01(\x0b\x32\x1b.coordinator.v1.HoldReleaseH\x00\x42\x06\n\x04kind\"]\n\x0bHoldAcquire\x12/\n\x07request\x18\x01 \x01(\x0b\x32\x1e.coordinator.v1.AcquireRequest\x12\x1d\n\x15release_on_disconnect\x18\x02 \x01(\x08\"X\n\nHoldResume\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x0e\n\x06handle\x18\x03 \x01(\t\x12\x1d\n\x15release_on_disconnect\x18\x04 \x01(\x08\"\x0f\n\rHoldHeartbeat\"\r\n\x0bHoldRelease\"\xe0\x01\n\x0cHoldResponse\x12\x32\n\x07granted\x18\x01 \x01(\x0b\x32\x1f.coordinator.v1.AcquireResponseH\x00\x12\x34\n\x07renewed\x18\x02 \x01(\x0b\x32!.coordinator.v1.KeepAliveResponseH\x00\x12(\n\x04lost\x18\x03 \x01(\x0b\x32\x18.coordinator.v1.HoldLostH\x00\x12\x33\n\x08released\x18\x04 \x01(\x0b\x32\x1f.coordinator.v1.ReleaseResponseH\x00\x42\x07\n\x05\x65vent\"\xe1\x01\n\x08HoldLost\x12/\n\x06reason\x18\x01 \x01(\x0e\x32\x1f.coordinator.v1.HoldLost.Reason\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x0f\n\x07message\x18\x03 \x01(\t\"\x83\x01\n\x06Reason\x12\x16\n\x12REASON_UNSPECIFIED\x10\x00\x12\x12\n\x0eREASON_EXPIRED\x10\x01\x12\x19\n\x15REASON_FORCE_RELEASED\x10\x02\x12\x1d\n\x19REASON_RELEASED_ELSEWHERE\x10\x03\x12\x13\n\x0fREASON_MAX_HOLD\x10\x04\"4\n\x0cWatchRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0estart_revision\x18\x02 \x01(\x03\"\xfc\x01\n\rWatchResponse\x12\x30\n\x04kind\x18\x01 \x01(\x0e\x32\".coordinator.v1.WatchResponse.Kind\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12&\n\x06holder\x18\x03 \x01(\x0b\x32\x16.coordinator.v1.Holder\"\x7f\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cKIND_CURRENT\x10\x01\x12\x11\n\rKIND_ACQUIRED\x10\x02\x12\x11\n\rKIND_RELEASED\x10\x03\x12\x10\n\x0cKIND_EXPIRED\x10\x04\x12\x17\n\x13KIND_FORCE_RELEASED\x10\x05\"2\n\x13\x46orceReleaseRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\"(\n\x14\x46orceReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"K\n\x12OpenSessionRequest\x12&\n\x03ttl\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\r\n\x05owner\x18\x02 \x01(\t\"\xbf\x01\n\x13OpenSessionResponse\x12\x0e\n\x06handle\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\nexpires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nsafe_until\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\")\n\x17KeepAliveSessionRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\xcb\x01\n\x18KeepAliveSessionResponse\x12&\n\x03ttl\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nsafe_until\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\'\n\x07holders\x18\x04 \x03(\x0b\x32\x16.coordinator.v1.Holder\"%\n\x13\x43loseSessionRequest\x12\x0e\n\x06handle\x18\x01 \x01(\t\"P\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\x12(\n\x08released\x18\x02 \x03(\x0b\x32\x16.coordinator.v1.Holder*T\n\x08LockMode\x12\x19\n\x15LOCK_MODE_UNSPECIFIED\x10\x00\x12\x17\n\x13LOCK_MODE_EXCLUSIVE\x10\x01\x12\x14\n\x10LOCK_MODE_SHARED\x10\x02\x32\xeb\x07\n\x0bLockService\x12J\n\x07\x41\x63quire\x12\x1e.coordinator.v1.AcquireRequest\x1a\x1f.coordinator.v1.AcquireResponse\x12J\n\x07Release\x12\x1e.coordinator.v1.ReleaseRequest\x1a\x1f.coordinator.v1.ReleaseResponse\x12P\n\tKeepAlive\x12 .coordinator.v1.KeepAliveRequest\x1a!.coordinator.v1.KeepAliveResponse\x12\\\n\rValidateToken\x12$.coordinator.v1.ValidateTokenRequest\x1a%.coordinator.v1.ValidateTokenResponse\x12M\n\x08\x44\x65scribe\x12\x1f.coordinator.v1.DescribeRequest\x1a .coordinator.v1.DescribeResponse\x12\x45\n\x04Hold\x12\x1b.coordinator.v1.HoldRequest\x1a\x1c.coordinator.v1.HoldResponse(\x01\x30\x01\x12\x46\n\x05Watch\x12\x1c.coordinator.v1.WatchRequest\x1a\x1d.coordinator.v1.WatchResponse0\x01\x12Y\n\x0c\x46orceRelease\x12#.coordinator.v1.ForceReleaseRequest\x1a$.coordinator.v1.ForceReleaseResponse\x12V\n\x0bOpenSession\x12\".coordinator.v1.OpenSessionRequest\x1a#.coordinator.v1.OpenSessionResponse\x12\x65\n\x10KeepAliveSession\x12\'.coordinator.v1.KeepAliveSessionRequest\x1a(.coordinator.v1.KeepAliveSessionResponse\x12Y\n\x0c\x43loseSession\x12#.coordinator.v1.CloseSessionRequest\x1a$.coordinator.v1.CloseSessionResponse\x12\x41\n\x04List\x12\x1b.coordinator.v1.ListRequest\x1a\x1c.coordinator.v1.ListResponseBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3')
   ,
   dependencies=[google_dot_protobuf_dot_duration__pb2.DESCRIPTOR,google_dot_protobuf_dot_timestamp__pb2.DESCRIPTOR,])
 
+_LOCKMODE = _descriptor.EnumDescriptor(
+  name='LockMode',
+  full_name='coordinator.v1.LockMode',
+  filename=None,
+  file=DESCRIPTOR,
+  values=[
+    _descriptor.EnumValueDescriptor(
+      name='LOCK_MODE_UNSPECIFIED', index=0, number=0,
+      options=None,
+      type=None),
+    _descriptor.EnumValueDescriptor(
+      name='LOCK_MODE_EXCLUSIVE', index=1, number=1,
+      options=None,
+      type=None),
+    _descriptor.EnumValueDescriptor(
+      name='LOCK_MODE_SHARED', index=2, number=2,
+      options=None,
+      type=None),
+  ],
+  containing_type=None,
+  options=None,
+  serialized_start=3991,
+  serialized_end=4075,
+)
+_sym_db.RegisterEnumDescriptor(_LOCKMODE)
+
+LockMode = enum_type_wrapper.EnumTypeWrapper(_LOCKMODE)
+LOCK_MODE_UNSPECIFIED = 0
+LOCK_MODE_EXCLUSIVE = 1
+LOCK_MODE_SHARED = 2
 
 
 _VALIDATETOKENRESPONSE_REASON = _descriptor.EnumDescriptor(
@@ -56,8 +87,8 @@ _VALIDATETOKENRESPONSE_REASON = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=1166,
-  serialized_end=1281,
+  serialized_start=1275,
+  serialized_end=1390,
 )
 _sym_db.RegisterEnumDescriptor(_VALIDATETOKENRESPONSE_REASON)
 
@@ -90,8 +121,8 @@ _HOLDLOST_REASON = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=2554,
-  serialized_end=2685,
+  serialized_start=2814,
+  serialized_end=2945,
 )
 _sym_db.RegisterEnumDescriptor(_HOLDLOST_REASON)
 
@@ -128,8 +159,8 @@ _WATCHRESPONSE_KIND = _descriptor.EnumDescriptor(
   ],
   containing_type=None,
   options=None,
-  serialized_start=2867,
-  serialized_end=2994,
+  serialized_start=3127,
+  serialized_end=3254,
 )
 _sym_db.RegisterEnumDescriptor(_WATCHRESPONSE_KIND)
 
@@ -197,6 +228,20 @@ _ACQUIREREQUEST = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='limit', full_name='coordinator.v1.AcquireRequest.limit', index=8,
+      number=9, type=5, cpp_type=1, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='mode', full_name='coordinator.v1.AcquireRequest.mode', index=9,
+      number=10, type=14, cpp_type=8, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -210,7 +255,7 @@ _ACQUIREREQUEST = _descriptor.Descriptor(
   oneofs=[
   ],
   serialized_start=111,
-  serialized_end=373,
+  serialized_end=428,
 )
 
 
@@ -277,6 +322,20 @@ _ACQUIRERESPONSE = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='slot', full_name='coordinator.v1.AcquireResponse.slot', index=8,
+      number=9, type=5, cpp_type=1, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='mode', full_name='coordinator.v1.AcquireResponse.mode', index=9,
+      number=10, type=14, cpp_type=8, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -289,8 +348,8 @@ _ACQUIRERESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=376,
-  serialized_end=644,
+  serialized_start=431,
+  serialized_end=753,
 )
 
 
@@ -334,8 +393,8 @@ _RELEASEREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=646,
-  serialized_end=707,
+  serialized_start=755,
+  serialized_end=816,
 )
 
 
@@ -365,8 +424,8 @@ _RELEASERESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=709,
-  serialized_end=744,
+  serialized_start=818,
+  serialized_end=853,
 )
 
 
@@ -410,8 +469,8 @@ _KEEPALIVEREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=746,
-  serialized_end=809,
+  serialized_start=855,
+  serialized_end=918,
 )
 
 
@@ -455,8 +514,8 @@ _KEEPALIVERESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=812,
-  serialized_end=967,
+  serialized_start=921,
+  serialized_end=1076,
 )
 
 
@@ -500,8 +559,8 @@ _VALIDATETOKENREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=969,
-  serialized_end=1038,
+  serialized_start=1078,
+  serialized_end=1147,
 )
 
 
@@ -546,8 +605,8 @@ _VALIDATETOKENRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1041,
-  serialized_end=1281,
+  serialized_start=1150,
+  serialized_end=1390,
 )
 
 
@@ -577,8 +636,8 @@ _DESCRIBEREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1283,
-  serialized_end=1314,
+  serialized_start=1392,
+  serialized_end=1423,
 )
 
 
@@ -624,6 +683,27 @@ _HOLDER = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='mode', full_name='coordinator.v1.Holder.mode', index=5,
+      number=6, type=14, cpp_type=8, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='slot', full_name='coordinator.v1.Holder.slot', index=6,
+      number=7, type=5, cpp_type=1, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='limit', full_name='coordinator.v1.Holder.limit', index=7,
+      number=8, type=5, cpp_type=1, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -636,8 +716,8 @@ _HOLDER = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1317,
-  serialized_end=1466,
+  serialized_start=1426,
+  serialized_end=1644,
 )
 
 
@@ -662,6 +742,13 @@ _WAITER = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='mode', full_name='coordinator.v1.Waiter.mode', index=2,
+      number=3, type=14, cpp_type=8, label=1,
+      has_default_value=False, default_value=0,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -674,8 +761,8 @@ _WAITER = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1468,
-  serialized_end=1542,
+  serialized_start=1646,
+  serialized_end=1760,
 )
 
 
@@ -700,6 +787,13 @@ _DESCRIBERESPONSE = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='holders', full_name='coordinator.v1.DescribeResponse.holders', index=2,
+      number=3, type=11, cpp_type=10, label=3,
+      has_default_value=False, default_value=[],
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -712,8 +806,8 @@ _DESCRIBERESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1544,
-  serialized_end=1643,
+  serialized_start=1763,
+  serialized_end=1903,
 )
 
 
@@ -757,8 +851,8 @@ _LISTREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1645,
-  serialized_end=1713,
+  serialized_start=1905,
+  serialized_end=1973,
 )
 
 
@@ -795,8 +889,8 @@ _LISTRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=1715,
-  serialized_end=1795,
+  serialized_start=1975,
+  serialized_end=2055,
 )
 
 
@@ -850,8 +944,8 @@ _HOLDREQUEST = _descriptor.Descriptor(
       name='kind', full_name='coordinator.v1.HoldRequest.kind',
       index=0, containing_type=None, fields=[]),
   ],
-  serialized_start=1798,
-  serialized_end=2013,
+  serialized_start=2058,
+  serialized_end=2273,
 )
 
 
@@ -888,8 +982,8 @@ _HOLDACQUIRE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=2015,
-  serialized_end=2108,
+  serialized_start=2275,
+  serialized_end=2368,
 )
 
 
@@ -940,8 +1034,8 @@ _HOLDRESUME = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=2110,
-  serialized_end=2198,
+  serialized_start=2370,
+  serialized_end=2458,
 )
 
 
@@ -964,8 +1058,8 @@ _HOLDHEARTBEAT = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=2200,
-  serialized_end=2215,
+  serialized_start=2460,
+  serialized_end=2475,
 )
 
 
@@ -988,8 +1082,8 @@ _HOLDRELEASE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=2217,
-  serialized_end=2230,
+  serialized_start=2477,
+  serialized_end=2490,
 )
 
 
@@ -1043,8 +1137,8 @@ _HOLDRESPONSE = _descriptor.Descriptor(
       name='event', full_name='coordinator.v1.HoldResponse.event',
       index=0, containing_type=None, fields=[]),
   ],
-  serialized_start=2233,
-  serialized_end=2457,
+  serialized_start=2493,
+  serialized_end=2717,
 )
 
 
@@ -1089,8 +1183,8 @@ _HOLDLOST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=2460,
-  serialized_end=2685,
+  serialized_start=2720,
+  serialized_end=2945,
 )
 
 
@@ -1127,8 +1221,8 @@ _WATCHREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=2687,
-  serialized_end=2739,
+  serialized_start=2947,
+  serialized_end=2999,
 )
 
 
@@ -1173,8 +1267,8 @@ _WATCHRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=2742,
-  serialized_end=2994,
+  serialized_start=3002,
+  serialized_end=3254,
 )
 
 
@@ -1211,8 +1305,8 @@ _FORCERELEASEREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=2996,
-  serialized_end=3046,
+  serialized_start=3256,
+  serialized_end=3306,
 )
 
 
@@ -1242,8 +1336,8 @@ _FORCERELEASERESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=3048,
-  serialized_end=3088,
+  serialized_start=3308,
+  serialized_end=3348,
 )
 
 
@@ -1280,8 +1374,8 @@ _OPENSESSIONREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=3090,
-  serialized_end=3165,
+  serialized_start=3350,
+  serialized_end=3425,
 )
 
 
@@ -1339,8 +1433,8 @@ _OPENSESSIONRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=3168,
-  serialized_end=3359,
+  serialized_start=3428,
+  serialized_end=3619,
 )
 
 
@@ -1370,8 +1464,8 @@ _KEEPALIVESESSIONREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=3361,
-  serialized_end=3402,
+  serialized_start=3621,
+  serialized_end=3662,
 )
 
 
@@ -1422,8 +1516,8 @@ _KEEPALIVESESSIONRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=3405,
-  serialized_end=3608,
+  serialized_start=3665,
+  serialized_end=3868,
 )
 
 
@@ -1453,8 +1547,8 @@ _CLOSESESSIONREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=3610,
-  serialized_end=3647,
+  serialized_start=3870,
+  serialized_end=3907,
 )
 
 
@@ -1491,18 +1585,20 @@ _CLOSESESSIONRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=3649,
-  serialized_end=3729,
+  serialized_start=3909,
+  serialized_end=3989,
 )
 
 _ACQUIREREQUEST.fields_by_name['ttl'].message_type = google_dot_protobuf_dot_duration__pb2._DURATION
 _ACQUIREREQUEST.fields_by_name['wait'].message_type = google_dot_protobuf_dot_duration__pb2._DURATION
 _ACQUIREREQUEST.fields_by_name['max_hold'].message_type = google_dot_protobuf_dot_duration__pb2._DURATION
 _ACQUIREREQUEST.fields_by_name['lock_delay'].message_type = google_dot_protobuf_dot_duration__pb2._DURATION
+_ACQUIREREQUEST.fields_by_name['mode'].enum_type = _LOCKMODE
 _ACQUIRERESPONSE.fields_by_name['ttl'].message_type = google_dot_protobuf_dot_duration__pb2._DURATION
 _ACQUIRERESPONSE.fields_by_name['expires_at'].message_type = google_dot_protobuf_dot_timestamp__pb2._TIMESTAMP
 _ACQUIRERESPONSE.fields_by_name['safe_until'].message_type = google_dot_protobuf_dot_timestamp__pb2._TIMESTAMP
 _ACQUIRERESPONSE.fields_by_name['acquired_at'].message_type = google_dot_protobuf_dot_timestamp__pb2._TIMESTAMP
+_ACQUIRERESPONSE.fields_by_name['mode'].enum_type = _LOCKMODE
 _KEEPALIVERESPONSE.fields_by_name['ttl'].message_type = google_dot_protobuf_dot_duration__pb2._DURATION
 _KEEPALIVERESPONSE.fields_by_name['expires_at'].message_type = google_dot_protobuf_dot_timestamp__pb2._TIMESTAMP
 _KEEPALIVERESPONSE.fields_by_name['safe_until'].message_type = google_dot_protobuf_dot_timestamp__pb2._TIMESTAMP
@@ -1510,9 +1606,12 @@ _VALIDATETOKENRESPONSE.fields_by_name['reason'].enum_type = _VALIDATETOKENRESPON
 _VALIDATETOKENRESPONSE_REASON.containing_type = _VALIDATETOKENRESPONSE
 _HOLDER.fields_by_name['acquired_at'].message_type = google_dot_protobuf_dot_timestamp__pb2._TIMESTAMP
 _HOLDER.fields_by_name['expires_at'].message_type = google_dot_protobuf_dot_timestamp__pb2._TIMESTAMP
+_HOLDER.fields_by_name['mode'].enum_type = _LOCKMODE
 _WAITER.fields_by_name['waiting_since'].message_type = google_dot_protobuf_dot_timestamp__pb2._TIMESTAMP
+_WAITER.fields_by_name['mode'].enum_type = _LOCKMODE
 _DESCRIBERESPONSE.fields_by_name['holder'].message_type = _HOLDER
 _DESCRIBERESPONSE.fields_by_name['waiters'].message_type = _WAITER
+_DESCRIBERESPONSE.fields_by_name['holders'].message_type = _HOLDER
 _LISTRESPONSE.fields_by_name['holders'].message_type = _HOLDER
 _HOLDREQUEST.fields_by_name['acquire'].message_type = _HOLDACQUIRE
 _HOLDREQUEST.fields_by_name['resume'].message_type = _HOLDRESUME
@@ -1592,6 +1691,7 @@ DESCRIPTOR.message_types_by_name['KeepAliveSessionRequest'] = _KEEPALIVESESSIONR
 DESCRIPTOR.message_types_by_name['KeepAliveSessionResponse'] = _KEEPALIVESESSIONRESPONSE
 DESCRIPTOR.message_types_by_name['CloseSessionRequest'] = _CLOSESESSIONREQUEST
 DESCRIPTOR.message_types_by_name['CloseSessionResponse'] = _CLOSESESSIONRESPONSE
+DESCRIPTOR.enum_types_by_name['LockMode'] = _LOCKMODE
 _sym_db.RegisterFileDescriptor(DESCRIPTOR)
 
 AcquireRequest = _reflection.GeneratedProtocolMessageType('AcquireRequest', (_message.Message,), dict(
@@ -1821,8 +1921,8 @@ _LOCKSERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=3732,
-  serialized_end=4735,
+  serialized_start=4078,
+  serialized_end=5081,
   methods=[
   _descriptor.MethodDescriptor(
     name='Acquire',

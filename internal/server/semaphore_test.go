@@ -1,0 +1,347 @@
+package server_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+)
+
+// semReq is an Acquire of a semaphore of limit n.
+func semReq(name string, n int32, ttl time.Duration) *coordinatorv1.AcquireRequest {
+	return &coordinatorv1.AcquireRequest{Name: name, Limit: n, Ttl: dur(ttl)}
+}
+
+// infoOf is the ErrorInfo of err (nil if none).
+func infoOf(err error) *errdetails.ErrorInfo {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info
+		}
+	}
+	return nil
+}
+
+// TestSemaphoreAdmitsExactlyN: 64 clients on two replicas contend for a
+// semaphore of 3: a shared counter of holders inside never exceeds 3 (and
+// reaches it), each grant's slot is in 0..2 and held by nobody else, tokens
+// rise per slot, and no queue key is left behind.
+func TestSemaphoreAdmitsExactlyN(t *testing.T) {
+	e := newEnv(t)
+	r := e.replica()
+	const n, clients, rounds = 3, 64, 2
+	var (
+		mu       sync.Mutex
+		inside   int
+		most     int
+		slots    [n]int64 // token of the slot's holder inside, 0: free
+		last     [n]int64 // the slot's latest token
+		failures []string
+		wg       sync.WaitGroup
+	)
+	fail := func(format string, args ...any) {
+		mu.Lock()
+		failures = append(failures, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
+	for c := range clients {
+		lc := e.lc
+		if c%2 == 1 {
+			lc = r.lc
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				g, err := lc.Acquire(ctxT(t, 60*time.Second), semReq("pool", n, 10*time.Second))
+				if err != nil {
+					fail("acquire: %v", err)
+					return
+				}
+				mu.Lock()
+				inside++
+				most = max(most, inside)
+				s := g.GetSlot()
+				switch {
+				case inside > n:
+					failures = append(failures, fmt.Sprintf("%d holders inside", inside))
+				case s < 0 || s >= n:
+					failures = append(failures, fmt.Sprintf("slot %d out of range", s))
+				case slots[s] != 0:
+					failures = append(failures, fmt.Sprintf("slot %d granted to %d while %d holds it", s, g.GetToken(), slots[s]))
+				case g.GetToken() <= last[s]:
+					failures = append(failures, fmt.Sprintf("slot %d: token %d not above its previous holder's %d", s, g.GetToken(), last[s]))
+				default:
+					slots[s], last[s] = g.GetToken(), g.GetToken()
+				}
+				mu.Unlock()
+				time.Sleep(20 * time.Millisecond) // long enough for the next hand-offs to overlap it
+				mu.Lock()
+				inside--
+				if s >= 0 && s < n && slots[s] == g.GetToken() {
+					slots[s] = 0
+				}
+				mu.Unlock()
+				if _, err := lc.Release(ctxT(t, 10*time.Second), &coordinatorv1.ReleaseRequest{Name: "pool", Token: g.GetToken(), Handle: g.GetHandle()}); err != nil {
+					fail("release: %v", err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for _, f := range failures {
+		t.Error(f)
+	}
+	if most != n {
+		t.Errorf("at most %d holders were inside at once, want %d", most, n)
+	}
+	if k := e.queueKeys("pool"); k != 0 {
+		t.Errorf("%d queue keys left behind", k)
+	}
+}
+
+// acquireInBackground starts an Acquire and returns its outcome channel,
+// once the acquisition is queued (waiters reached want).
+func (e *env) acquireInBackground(req *coordinatorv1.AcquireRequest, wantWaiters int) <-chan *coordinatorv1.AcquireResponse {
+	e.t.Helper()
+	ch := make(chan *coordinatorv1.AcquireResponse, 1)
+	go func() {
+		g, err := e.lc.Acquire(ctxT(e.t, 30*time.Second), req)
+		if err != nil {
+			e.t.Errorf("acquire %s: %v", req.GetOwner(), err)
+			close(ch)
+			return
+		}
+		ch <- g
+	}()
+	eventually(e.t, 10*time.Second, fmt.Sprintf("%s queued", req.GetOwner()), func() bool {
+		return len(e.describe(req.GetName()).GetWaiters()) == wantWaiters
+	})
+	return ch
+}
+
+// TestSemaphoreFIFOAndHandOver: with both permits of 2 held, three waiters
+// are granted in the order they queued, each within moments of a release
+// (a timing bound outside the race detector only), the freed slot passing
+// on with a greater token.
+func TestSemaphoreFIFOAndHandOver(t *testing.T) {
+	e := newEnv(t)
+	a, err := e.lc.Acquire(ctxT(t, 10*time.Second), semReq("sem", 2, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.lc.Acquire(ctxT(t, 10*time.Second), semReq("sem", 2, 30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.GetSlot() == b.GetSlot() {
+		t.Fatalf("both holders have slot %d", a.GetSlot())
+	}
+	var waiters []<-chan *coordinatorv1.AcquireResponse
+	for i := range 3 {
+		req := semReq("sem", 2, 30*time.Second)
+		req.Owner = fmt.Sprint("w", i)
+		waiters = append(waiters, e.acquireInBackground(req, i+1))
+	}
+	held := []*coordinatorv1.AcquireResponse{a, b}
+	for i, w := range waiters {
+		gone := held[0]
+		held = held[1:]
+		start := time.Now()
+		if !e.release("sem", gone.GetToken(), gone.GetHandle()) {
+			t.Fatal("release answered false")
+		}
+		var g *coordinatorv1.AcquireResponse
+		select {
+		case g = <-w:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("waiter %d not granted after a release", i)
+		}
+		if g == nil {
+			t.FailNow()
+		}
+		took := time.Since(start)
+		if !raceEnabled && took > time.Second {
+			t.Errorf("waiter %d granted %v after the release", i, took)
+		}
+		t.Logf("waiter %d granted %v after the release call began", i, took)
+		if g.GetSlot() != gone.GetSlot() || g.GetToken() <= gone.GetToken() {
+			t.Errorf("waiter %d got slot %d token %d; the freed slot was %d with token %d", i, g.GetSlot(), g.GetToken(), gone.GetSlot(), gone.GetToken())
+		}
+		for j, later := range waiters[i+1:] {
+			select {
+			case g := <-later:
+				t.Fatalf("waiter %d granted (token %d) before waiter %d", i+1+j, g.GetToken(), i)
+			default:
+			}
+		}
+		held = append(held, g)
+	}
+}
+
+// TestSemaphoreExpiryHandsOver: a permit whose lease ends (nobody renews
+// it) passes to the waiter, its slot with it; the other permit is untouched.
+func TestSemaphoreExpiryHandsOver(t *testing.T) {
+	e := newEnv(t)
+	short, err := e.lc.Acquire(ctxT(t, 10*time.Second), semReq("sem", 2, 2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, err := e.lc.Acquire(ctxT(t, 10*time.Second), semReq("sem", 2, 60*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := e.acquireInBackground(semReq("sem", 2, 30*time.Second), 1)
+	var g *coordinatorv1.AcquireResponse
+	select {
+	case g = <-w:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiter was not granted after a permit expired")
+	}
+	if g == nil {
+		t.FailNow()
+	}
+	if g.GetSlot() != short.GetSlot() || g.GetToken() <= short.GetToken() {
+		t.Errorf("granted slot %d token %d; the expired permit was slot %d token %d", g.GetSlot(), g.GetToken(), short.GetSlot(), short.GetToken())
+	}
+	for _, c := range []struct {
+		tok   int64
+		valid bool
+	}{{short.GetToken(), false}, {long.GetToken(), true}, {g.GetToken(), true}} {
+		if v := e.validate("sem", c.tok); v.GetValid() != c.valid {
+			t.Errorf("token %d: valid = %v (%v), want %v", c.tok, v.GetValid(), v.GetReason(), c.valid)
+		}
+	}
+}
+
+// TestSemaphoreLimitMismatch: every acquisition of a name must ask for
+// the queue's limit; another is refused FAILED_PRECONDITION naming the
+// limit in force, and its entry is withdrawn.
+func TestSemaphoreLimitMismatch(t *testing.T) {
+	e := newEnv(t)
+	if _, err := e.lc.Acquire(ctxT(t, 10*time.Second), semReq("sem3", 3, 30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.lc.Acquire(ctxT(t, 10*time.Second), &coordinatorv1.AcquireRequest{Name: "mutex", Ttl: dur(30 * time.Second)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name    string
+		req     *coordinatorv1.AcquireRequest
+		inForce string
+	}{
+		{"other limit", semReq("sem3", 2, 10*time.Second), "3"},
+		{"a mutex", &coordinatorv1.AcquireRequest{Name: "sem3", Ttl: dur(10 * time.Second)}, "3"},
+		{"limit 1", semReq("sem3", 1, 10*time.Second), "3"},
+		{"a reader", &coordinatorv1.AcquireRequest{Name: "sem3", Ttl: dur(10 * time.Second), Mode: coordinatorv1.LockMode_LOCK_MODE_SHARED}, "3"},
+		{"a semaphore on a mutex", semReq("mutex", 3, 10*time.Second), "1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := e.queueKeys(c.req.GetName())
+			_, err := e.lc.Acquire(ctxT(t, 10*time.Second), c.req)
+			info := infoOf(err)
+			if code(err) != codes.FailedPrecondition || info.GetReason() != "LIMIT_MISMATCH" || info.GetMetadata()["limitInForce"] != c.inForce {
+				t.Fatalf("err = %v (%v), want FAILED_PRECONDITION LIMIT_MISMATCH with limitInForce %s", err, info, c.inForce)
+			}
+			if after := e.queueKeys(c.req.GetName()); after != before {
+				t.Errorf("queue keys %d -> %d: the refused entry stayed", before, after)
+			}
+		})
+	}
+}
+
+// TestSemaphoreBadInput: limits and modes no queue has are refused,
+// naming the field, with nothing written.
+func TestSemaphoreBadInput(t *testing.T) {
+	e := newEnv(t)
+	shared := coordinatorv1.LockMode_LOCK_MODE_SHARED
+	for _, c := range []struct {
+		name  string
+		req   *coordinatorv1.AcquireRequest
+		field string
+	}{
+		{"negative limit", &coordinatorv1.AcquireRequest{Name: "x", Limit: -1}, "limit"},
+		{"limit too large", &coordinatorv1.AcquireRequest{Name: "x", Limit: 1001}, "limit"},
+		{"limit with shared", &coordinatorv1.AcquireRequest{Name: "x", Limit: 3, Mode: shared}, "mode"},
+		{"limit with exclusive", &coordinatorv1.AcquireRequest{Name: "x", Limit: 3, Mode: coordinatorv1.LockMode_LOCK_MODE_EXCLUSIVE}, "mode"},
+		{"unknown mode", &coordinatorv1.AcquireRequest{Name: "x", Mode: 7}, "mode"},
+		{"shared with lock delay", &coordinatorv1.AcquireRequest{Name: "x", Mode: shared, LockDelay: dur(time.Second)}, "lock_delay"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := e.lc.Acquire(ctxT(t, 10*time.Second), c.req)
+			if code(err) != codes.InvalidArgument || fieldOf(err) != c.field {
+				t.Fatalf("err = %v (field %q), want INVALID_ARGUMENT naming %q", err, fieldOf(err), c.field)
+			}
+			if k := e.queueKeys("x"); k != 0 {
+				t.Fatalf("%d queue keys written", k)
+			}
+		})
+	}
+}
+
+// TestSemaphoreSlotMarks: every permit's token is valid and a released
+// one is not; validated with a resource, each raises the mark of its own
+// slot, and a paused former holder of slot k (its lease ended, slot k
+// passed on and its new holder validated) is refused while the holder of
+// the other slot still passes.
+func TestSemaphoreSlotMarks(t *testing.T) {
+	e := newEnv(t)
+	paused, err := e.lc.Acquire(ctxT(t, 10*time.Second), semReq("sem", 2, 2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := e.lc.Acquire(ctxT(t, 10*time.Second), semReq("sem", 2, 60*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	withResource := func(tok int64) (*coordinatorv1.ValidateTokenResponse, error) {
+		return e.lc.ValidateToken(ctxT(t, 10*time.Second), &coordinatorv1.ValidateTokenRequest{Name: "sem", Token: tok, Resource: "db"})
+	}
+	for _, g := range []*coordinatorv1.AcquireResponse{paused, other} {
+		if v, err := withResource(g.GetToken()); err != nil || !v.GetValid() {
+			t.Fatalf("holder of slot %d (token %d): %v, %v", g.GetSlot(), g.GetToken(), v, err)
+		}
+	}
+	// The paused holder stops renewing: its slot passes on.
+	next, err := e.lc.Acquire(ctxT(t, 20*time.Second), semReq("sem", 2, 60*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.GetSlot() != paused.GetSlot() || next.GetToken() <= paused.GetToken() {
+		t.Fatalf("next holder has slot %d token %d; the paused one had slot %d token %d", next.GetSlot(), next.GetToken(), paused.GetSlot(), paused.GetToken())
+	}
+	if v, err := withResource(next.GetToken()); err != nil || !v.GetValid() {
+		t.Fatalf("the slot's new holder: %v, %v", v, err)
+	}
+	if v, err := withResource(paused.GetToken()); err != nil || v.GetValid() {
+		t.Fatalf("the paused former holder of slot %d: %v, %v; want refused", paused.GetSlot(), v, err)
+	}
+	if v, err := withResource(other.GetToken()); err != nil || !v.GetValid() {
+		t.Fatalf("the other slot's holder, below the new holder's token: %v, %v; want valid (its slot's mark is its own)", v, err)
+	}
+	if !e.release("sem", other.GetToken(), other.GetHandle()) {
+		t.Fatal("release answered false")
+	}
+	if v := e.validate("sem", other.GetToken()); v.GetValid() {
+		t.Fatalf("a released permit's token is valid: %v", v)
+	}
+	if v := e.validate("sem", next.GetToken()); !v.GetValid() {
+		t.Fatalf("a live permit's token is not valid: %v", v)
+	}
+	r, err := e.cli.Get(context.Background(), e.mgr.Keyspace().Marks()+"db/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Count != 2 {
+		t.Errorf("%d slot marks of the resource, want 2", r.Count)
+	}
+}
