@@ -1,6 +1,6 @@
 // Package coordinator assembles one coordinator: an etcd client, the lease
-// manager over it, the fence validator beside it, the gRPC server in front
-// of both, and the validator's holder view following etcd. It is the one
+// manager over it, the fence validator and the counters beside it, the gRPC
+// server in front of them, and the validator's holder view following etcd. It is the one
 // constructor of that graph: the daemon, internal/testcoord, the chaos
 // replicas, the benchmarks and the server tests all build it here, so that
 // none of them drifts from what the daemon serves (two test setups once ran
@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
+	"github.com/coordinatord/coordinatord/internal/counter"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
@@ -33,6 +34,7 @@ type Coordinator struct {
 	cli *clientv3.Client
 	mgr *lease.Manager
 	val *fence.Validator
+	cnt *counter.Service
 	gs  *grpc.Server
 	hs  *health.Server
 	log *slog.Logger
@@ -42,10 +44,11 @@ type Coordinator struct {
 }
 
 type options struct {
-	lease  []lease.Option
-	fence  []fence.Option
-	server []server.Option
-	log    *slog.Logger
+	lease   []lease.Option
+	fence   []fence.Option
+	counter []counter.Option
+	server  []server.Option
+	log     *slog.Logger
 }
 
 // Option configures New.
@@ -59,6 +62,12 @@ func WithLease(opts ...lease.Option) Option {
 // WithFence adds options of the fence validator.
 func WithFence(opts ...fence.Option) Option {
 	return func(o *options) { o.fence = append(o.fence, opts...) }
+}
+
+// WithCounter adds options of the counters (the key prefix is the lease
+// manager's).
+func WithCounter(opts ...counter.Option) Option {
+	return func(o *options) { o.counter = append(o.counter, opts...) }
 }
 
 // WithServer adds options of the gRPC server (interceptors, credentials,
@@ -93,8 +102,9 @@ func New(etcd clientv3.Config, opts ...Option) (*Coordinator, error) {
 		return nil, err
 	}
 	val := fence.New(cli, mgr.Keyspace(), o.fence...)
-	gs, hs := server.NewGRPCServer(server.NewLockService(mgr, val, o.log), o.log, o.server...)
-	c := &Coordinator{cli: cli, mgr: mgr, val: val, gs: gs, hs: hs, log: o.log}
+	cnt := counter.New(cli, append([]counter.Option{counter.WithKeyPrefix(mgr.Keyspace().Prefix()), counter.WithLogger(o.log)}, o.counter...)...)
+	gs, hs := server.NewGRPCServer(server.NewLockService(mgr, val, cnt, o.log), o.log, o.server...)
+	c := &Coordinator{cli: cli, mgr: mgr, val: val, cnt: cnt, gs: gs, hs: hs, log: o.log}
 	c.stopFollow = val.FollowInBackground(o.log)
 	return c, nil
 }
@@ -108,7 +118,10 @@ func (c *Coordinator) Leases() *lease.Manager { return c.mgr }
 // Fence is the fence validator.
 func (c *Coordinator) Fence() *fence.Validator { return c.val }
 
-// GRPC is the gRPC server, with the lock, fence, health and reflection
+// Counters is the counter service.
+func (c *Coordinator) Counters() *counter.Service { return c.cnt }
+
+// GRPC is the gRPC server, with the lock, fence, counter, health and reflection
 // services registered.
 func (c *Coordinator) GRPC() *grpc.Server { return c.gs }
 
@@ -128,7 +141,8 @@ func (c *Coordinator) ServeInBackground(lis net.Listener) {
 //
 //  1. every health service answers NOT_SERVING, so that balancers move on;
 //  2. the lease manager closes: every waiting Acquire ends and its queue key
-//     is removed (this needs etcd, which is still open); grants stay;
+//     is removed (this needs etcd, which is still open); grants stay; the
+//     counters take no more hits and finish the commits in flight;
 //  3. gRPC stops gracefully: no new calls, in-flight ones finish; when ctx
 //     ends first, the calls left are cut (and Drain returns true).
 //
@@ -136,6 +150,7 @@ func (c *Coordinator) ServeInBackground(lis net.Listener) {
 func (c *Coordinator) Drain(ctx context.Context) (cut bool) {
 	c.hs.Shutdown()
 	c.mgr.Close()
+	c.cnt.Close()
 	stopped := make(chan struct{})
 	go func() { c.gs.GracefulStop(); close(stopped) }()
 	select {
@@ -149,13 +164,14 @@ func (c *Coordinator) Drain(ctx context.Context) (cut bool) {
 }
 
 // Close stops what is left, at once, in this order: the lease manager
-// (waiting Acquires end, their queue keys removed), gRPC (in-flight calls
+// (waiting Acquires end, their queue keys removed), the counters, gRPC (in-flight calls
 // cut), the holder view, then the etcd client, which everything before
 // needed. After Drain only the last two have anything to do. Close is
 // idempotent.
 func (c *Coordinator) Close() {
 	c.closeOnce.Do(func() {
 		c.mgr.Close()
+		c.cnt.Close()
 		c.gs.Stop()
 		c.stopFollow()
 		c.cli.Close()
@@ -171,6 +187,7 @@ func (c *Coordinator) Crash() {
 		c.cli.Close()
 		c.gs.Stop()
 		c.mgr.Close()
+		c.cnt.Close()
 		c.stopFollow()
 	})
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/coordinatord/coordinatord/internal/authz"
+	"github.com/coordinatord/coordinatord/internal/counter"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
@@ -39,6 +40,7 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		tl *lease.TooManyLocksError
 		mo *fence.MarkOwnedError
 		tm *fence.TooManyMarksError
+		am *counter.AlgorithmMismatchError
 	)
 	switch {
 	case errors.As(err, &se):
@@ -56,6 +58,9 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		return withReason(codes.ResourceExhausted, err.Error(), "TOO_MANY_MARKS",
 			map[string]string{"limit": strconv.FormatInt(tm.Limit, 10), "count": strconv.FormatInt(tm.Count, 10)},
 			retryAfter(retryMarks), quota(identitySubject(ctx), "resource marks created by this identity (--max-marks-per-identity)"))
+	case errors.As(err, &am):
+		return withReason(codes.FailedPrecondition, err.Error(), "COUNTER_ALGORITHM_MISMATCH",
+			map[string]string{"counter": am.Name, "algorithm": am.Algorithm.String()})
 	case errors.Is(err, lease.ErrNotHeld):
 		return withReason(codes.NotFound, err.Error(), "NOT_HELD", nil)
 	case errors.Is(err, lease.ErrLostWhileWaiting):
@@ -68,7 +73,7 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		return withReason(codes.FailedPrecondition, err.Error(), "MAX_HOLD_REACHED", nil)
 	case errors.Is(err, lease.ErrSessionBusy):
 		return withReason(codes.FailedPrecondition, err.Error(), "SESSION_BUSY", nil)
-	case errors.Is(err, lease.ErrRequestIDReused):
+	case errors.Is(err, lease.ErrRequestIDReused), errors.Is(err, counter.ErrRequestIDReused):
 		return withReason(codes.FailedPrecondition, err.Error(), "REQUEST_ID_REUSED", nil)
 	case errors.Is(err, lease.ErrSessionForbidden):
 		return withReason(codes.PermissionDenied, err.Error(), "SESSION_OF_ANOTHER_IDENTITY", nil)
@@ -85,7 +90,7 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 			retryAfter(retryLocks), quota(identitySubject(ctx), "locks held or waited for by this identity (--max-locks-per-identity)"))
 	case errors.Is(err, lease.ErrCompacted):
 		return withReason(codes.OutOfRange, err.Error(), "REVISION_COMPACTED", nil)
-	case errors.Is(err, lease.ErrShuttingDown):
+	case errors.Is(err, lease.ErrShuttingDown), errors.Is(err, counter.ErrShuttingDown):
 		return withReason(codes.Unavailable, err.Error()+"; safe to retry", "SHUTTING_DOWN", nil, retryAfter(retryShutdown))
 	case errors.Is(err, lease.ErrUnavailable):
 		return withReason(codes.Unavailable, err.Error()+"; safe to retry", "ETCD_UNAVAILABLE", nil, retryAfter(retryEtcd))

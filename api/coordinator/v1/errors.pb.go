@@ -138,6 +138,10 @@ const (
 	// PERMISSION_DENIED: the identity (metadata["identity"]) authenticated
 	// but the authorization policy does not name it.
 	ErrorReason_ERROR_REASON_IDENTITY_NOT_IN_POLICY ErrorReason = 30
+	// FAILED_PRECONDITION: a hit of one algorithm on a live counter of the
+	// other (metadata["counter"] the name, metadata["algorithm"] the
+	// counter's). Use another name, or Reset the counter.
+	ErrorReason_ERROR_REASON_COUNTER_ALGORITHM_MISMATCH ErrorReason = 40
 )
 
 // Enum value maps for ErrorReason.
@@ -174,6 +178,7 @@ var (
 		28: "ERROR_REASON_INTERNAL",
 		29: "ERROR_REASON_ADMIN_ONLY",
 		30: "ERROR_REASON_IDENTITY_NOT_IN_POLICY",
+		40: "ERROR_REASON_COUNTER_ALGORITHM_MISMATCH",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                 0,
@@ -207,6 +212,7 @@ var (
 		"ERROR_REASON_INTERNAL":                    28,
 		"ERROR_REASON_ADMIN_ONLY":                  29,
 		"ERROR_REASON_IDENTITY_NOT_IN_POLICY":      30,
+		"ERROR_REASON_COUNTER_ALGORITHM_MISMATCH":  40,
 	}
 )
 
@@ -241,7 +247,7 @@ var File_coordinator_v1_errors_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\xa7\b\n" +
+	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\xd4\b\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ERROR_REASON_LOCK_HELD\x10\x01\x12\x1e\n" +
@@ -274,7 +280,8 @@ const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"\x1dERROR_REASON_ETCD_UNAVAILABLE\x10\x1b\x12\x19\n" +
 	"\x15ERROR_REASON_INTERNAL\x10\x1c\x12\x1b\n" +
 	"\x17ERROR_REASON_ADMIN_ONLY\x10\x1d\x12'\n" +
-	"#ERROR_REASON_IDENTITY_NOT_IN_POLICY\x10\x1eBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
+	"#ERROR_REASON_IDENTITY_NOT_IN_POLICY\x10\x1e\x12+\n" +
+	"'ERROR_REASON_COUNTER_ALGORITHM_MISMATCH\x10(BGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
 
 var (
 	file_coordinator_v1_errors_proto_rawDescOnce sync.Once
