@@ -83,12 +83,14 @@ func (Algorithm) EnumDescriptor() ([]byte, []int) {
 }
 
 // UnavailablePolicy is what Hit answers when etcd cannot be reached within
-// the server's store timeout (--counter-store-timeout, 2s by default).
+// the server's store timeout (-counter-store-timeout, 2s by default). A
+// caller's deadline shorter than that ends the call first
+// (DEADLINE_EXCEEDED).
 type UnavailablePolicy int32
 
 const (
-	// The server's default (--counter-unavailable-policy, FAIL_CLOSED unless
-	// set).
+	// The server's default: FAIL_CLOSED, or FAIL_OPEN when the daemon runs
+	// with -counter-fail-open.
 	UnavailablePolicy_UNAVAILABLE_POLICY_UNSPECIFIED UnavailablePolicy = 0
 	// Answer UNAVAILABLE (reason ETCD_UNAVAILABLE); nothing was counted.
 	UnavailablePolicy_UNAVAILABLE_POLICY_FAIL_CLOSED UnavailablePolicy = 1
@@ -251,7 +253,8 @@ func (x *HitRequest) GetOnUnavailable() UnavailablePolicy {
 
 type HitResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Whether the hits were allowed (and counted, unless `uncounted`).
+	// Whether the hits were allowed (and counted, unless `uncounted`). For a
+	// peek (hits = 0): whether one hit would be allowed now.
 	Allowed bool `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
 	// The count after this call: hits counted in the window, or tokens in use
 	// in the bucket. A refused call leaves it unchanged.
