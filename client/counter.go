@@ -47,7 +47,9 @@ func WithTokenBucket() HitOption {
 // cannot reach etcd (default: the server's policy, FAIL_CLOSED unless the
 // daemon runs with -counter-fail-open).
 func WithFailOpen() HitOption {
-	return func(r *coordinatorv1.HitRequest) { r.OnUnavailable = coordinatorv1.UnavailablePolicy_UNAVAILABLE_POLICY_FAIL_OPEN }
+	return func(r *coordinatorv1.HitRequest) {
+		r.OnUnavailable = coordinatorv1.UnavailablePolicy_UNAVAILABLE_POLICY_FAIL_OPEN
+	}
 }
 
 // WithFailClosed refuses the hits with UNAVAILABLE when the coordinator
@@ -61,7 +63,9 @@ func WithFailClosed() HitOption {
 // WithHitRequestID sets the hit's request id (16 to 128 printable ASCII
 // bytes), for a caller that retries across processes; by default Hit makes
 // a fresh one per call and keeps it across its own retries.
-func WithHitRequestID(id string) HitOption { return func(r *coordinatorv1.HitRequest) { r.RequestId = id } }
+func WithHitRequestID(id string) HitOption {
+	return func(r *coordinatorv1.HitRequest) { r.RequestId = id }
+}
 
 // Hit counts one hit (WithHits: n) against the counter name, which allows
 // limit hits per window, and answers whether it is allowed. A hit that
