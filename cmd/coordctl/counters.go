@@ -105,4 +105,3 @@ func printCounterReset(x *call[string], existed bool) int {
 	x.table([]string{"NAME", "EXISTED"}, []string{*x.f, strconv.FormatBool(existed)})
 	return exitOK
 }
-
