@@ -49,6 +49,7 @@ const (
 type clients struct {
 	coordConns []*grpc.ClientConn
 	coord      []coordinatorv1.LockServiceClient
+	counters   []coordinatorv1.CounterServiceClient
 	health     []healthpb.HealthClient
 	etcd       []*clientv3.Client
 	sessions   []*concurrency.Session // one per worker: Mutex's recommended use
@@ -65,6 +66,7 @@ func dialClients(ctx context.Context, coordAddr, etcdURL string, conns, workers 
 		}
 		c.coordConns = append(c.coordConns, gc)
 		c.coord = append(c.coord, coordinatorv1.NewLockServiceClient(gc))
+		c.counters = append(c.counters, coordinatorv1.NewCounterServiceClient(gc))
 		c.health = append(c.health, healthpb.NewHealthClient(gc))
 		ec, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdURL}, DialTimeout: 5 * time.Second})
 		if err != nil {
