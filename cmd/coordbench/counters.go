@@ -176,8 +176,6 @@ func (p *redisPeer) fsync(mode string) error {
 	return err
 }
 
-func (p *redisPeer) pid() int { return p.cmd.Process.Pid }
-
 func (p *redisPeer) stop() {
 	for _, c := range p.conns {
 		c.c.Close()
