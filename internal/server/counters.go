@@ -51,8 +51,8 @@ func hitOf(ctx context.Context, req *coordinatorv1.HitRequest) (counter.Hit, err
 	}
 	h := counter.Hit{Name: req.GetName(), Hits: 1, Limit: req.GetLimit(), RequestID: req.GetRequestId(),
 		Algorithm: counter.Algorithm(req.GetAlgorithm()), Policy: counter.Policy(req.GetOnUnavailable())}
-	if req.Hits != nil {
-		h.Hits = req.GetHits()
+	if req.GetHits() != nil {
+		h.Hits = req.GetHits().GetValue()
 	}
 	if w != nil {
 		h.Window = *w

@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/chaos"
@@ -36,7 +37,7 @@ func (r *replica) counters() coordinatorv1.CounterServiceClient {
 	return coordinatorv1.NewCounterServiceClient(r.conn)
 }
 
-func hits(n int64) *int64 { return &n }
+func hits(n int64) *wrapperspb.Int64Value { return wrapperspb.Int64(n) }
 
 // counterKeys counts the keys of the counters' subtrees (counters and
 // request records).

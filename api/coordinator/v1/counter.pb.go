@@ -13,6 +13,7 @@ import (
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
+	wrapperspb "google.golang.org/protobuf/types/known/wrapperspb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -146,8 +147,11 @@ type HitRequest struct {
 	// The counter's name (rules and authorization of lock names).
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// How many hits to count: unset means 1, 0 reads the counter without
-	// counting (a peek), negative is INVALID_ARGUMENT; at most `limit`.
-	Hits *int64 `protobuf:"varint,2,opt,name=hits,proto3,oneof" json:"hits,omitempty"`
+	// counting (a peek), negative is INVALID_ARGUMENT; at most `limit`. A
+	// wrapper rather than proto3 `optional`, so that unset and 0 differ for
+	// every client's protoc (Debian's grpc-tools refuses `optional`); in JSON
+	// it is a plain number: "hits": 2.
+	Hits *wrapperspb.Int64Value `protobuf:"bytes,2,opt,name=hits,proto3" json:"hits,omitempty"`
 	// The most hits allowed per window (the bucket's size): at least 1. A
 	// hit's own limit applies to it: the count a counter holds is kept when
 	// callers change the limit.
@@ -209,11 +213,11 @@ func (x *HitRequest) GetName() string {
 	return ""
 }
 
-func (x *HitRequest) GetHits() int64 {
-	if x != nil && x.Hits != nil {
-		return *x.Hits
+func (x *HitRequest) GetHits() *wrapperspb.Int64Value {
+	if x != nil {
+		return x.Hits
 	}
-	return 0
+	return nil
 }
 
 func (x *HitRequest) GetLimit() int64 {
@@ -595,18 +599,17 @@ var File_coordinator_v1_counter_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_counter_proto_rawDesc = "" +
 	"\n" +
-	"\x1ccoordinator/v1/counter.proto\x12\x0ecoordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xad\x02\n" +
+	"\x1ccoordinator/v1/counter.proto\x12\x0ecoordinator.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/wrappers.proto\"\xbc\x02\n" +
 	"\n" +
 	"HitRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x17\n" +
-	"\x04hits\x18\x02 \x01(\x03H\x00R\x04hits\x88\x01\x01\x12\x14\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12/\n" +
+	"\x04hits\x18\x02 \x01(\v2\x1b.google.protobuf.Int64ValueR\x04hits\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\x03R\x05limit\x121\n" +
 	"\x06window\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x06window\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x05 \x01(\tR\trequestId\x127\n" +
 	"\talgorithm\x18\x06 \x01(\x0e2\x19.coordinator.v1.AlgorithmR\talgorithm\x12H\n" +
-	"\x0eon_unavailable\x18\a \x01(\x0e2!.coordinator.v1.UnavailablePolicyR\ronUnavailableB\a\n" +
-	"\x05_hits\"\x88\x02\n" +
+	"\x0eon_unavailable\x18\a \x01(\x0e2!.coordinator.v1.UnavailablePolicyR\ronUnavailable\"\x88\x02\n" +
 	"\vHitResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\x12\x1c\n" +
@@ -667,29 +670,31 @@ var file_coordinator_v1_counter_proto_goTypes = []any{
 	(*GetResponse)(nil),           // 5: coordinator.v1.GetResponse
 	(*ResetRequest)(nil),          // 6: coordinator.v1.ResetRequest
 	(*ResetResponse)(nil),         // 7: coordinator.v1.ResetResponse
-	(*durationpb.Duration)(nil),   // 8: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*wrapperspb.Int64Value)(nil), // 8: google.protobuf.Int64Value
+	(*durationpb.Duration)(nil),   // 9: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
 }
 var file_coordinator_v1_counter_proto_depIdxs = []int32{
-	8,  // 0: coordinator.v1.HitRequest.window:type_name -> google.protobuf.Duration
-	0,  // 1: coordinator.v1.HitRequest.algorithm:type_name -> coordinator.v1.Algorithm
-	1,  // 2: coordinator.v1.HitRequest.on_unavailable:type_name -> coordinator.v1.UnavailablePolicy
-	9,  // 3: coordinator.v1.HitResponse.reset_at:type_name -> google.protobuf.Timestamp
-	8,  // 4: coordinator.v1.HitResponse.retry_after:type_name -> google.protobuf.Duration
-	0,  // 5: coordinator.v1.GetResponse.algorithm:type_name -> coordinator.v1.Algorithm
-	9,  // 6: coordinator.v1.GetResponse.reset_at:type_name -> google.protobuf.Timestamp
-	8,  // 7: coordinator.v1.GetResponse.window:type_name -> google.protobuf.Duration
-	2,  // 8: coordinator.v1.CounterService.Hit:input_type -> coordinator.v1.HitRequest
-	4,  // 9: coordinator.v1.CounterService.Get:input_type -> coordinator.v1.GetRequest
-	6,  // 10: coordinator.v1.CounterService.Reset:input_type -> coordinator.v1.ResetRequest
-	3,  // 11: coordinator.v1.CounterService.Hit:output_type -> coordinator.v1.HitResponse
-	5,  // 12: coordinator.v1.CounterService.Get:output_type -> coordinator.v1.GetResponse
-	7,  // 13: coordinator.v1.CounterService.Reset:output_type -> coordinator.v1.ResetResponse
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	8,  // 0: coordinator.v1.HitRequest.hits:type_name -> google.protobuf.Int64Value
+	9,  // 1: coordinator.v1.HitRequest.window:type_name -> google.protobuf.Duration
+	0,  // 2: coordinator.v1.HitRequest.algorithm:type_name -> coordinator.v1.Algorithm
+	1,  // 3: coordinator.v1.HitRequest.on_unavailable:type_name -> coordinator.v1.UnavailablePolicy
+	10, // 4: coordinator.v1.HitResponse.reset_at:type_name -> google.protobuf.Timestamp
+	9,  // 5: coordinator.v1.HitResponse.retry_after:type_name -> google.protobuf.Duration
+	0,  // 6: coordinator.v1.GetResponse.algorithm:type_name -> coordinator.v1.Algorithm
+	10, // 7: coordinator.v1.GetResponse.reset_at:type_name -> google.protobuf.Timestamp
+	9,  // 8: coordinator.v1.GetResponse.window:type_name -> google.protobuf.Duration
+	2,  // 9: coordinator.v1.CounterService.Hit:input_type -> coordinator.v1.HitRequest
+	4,  // 10: coordinator.v1.CounterService.Get:input_type -> coordinator.v1.GetRequest
+	6,  // 11: coordinator.v1.CounterService.Reset:input_type -> coordinator.v1.ResetRequest
+	3,  // 12: coordinator.v1.CounterService.Hit:output_type -> coordinator.v1.HitResponse
+	5,  // 13: coordinator.v1.CounterService.Get:output_type -> coordinator.v1.GetResponse
+	7,  // 14: coordinator.v1.CounterService.Reset:output_type -> coordinator.v1.ResetResponse
+	12, // [12:15] is the sub-list for method output_type
+	9,  // [9:12] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_v1_counter_proto_init() }
@@ -697,7 +702,6 @@ func file_coordinator_v1_counter_proto_init() {
 	if File_coordinator_v1_counter_proto != nil {
 		return
 	}
-	file_coordinator_v1_counter_proto_msgTypes[0].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
