@@ -36,7 +36,9 @@ type HitOption func(*coordinatorv1.HitRequest)
 
 // WithHits counts n hits instead of 1 (0 reads the counter without
 // counting).
-func WithHits(n int64) HitOption { return func(r *coordinatorv1.HitRequest) { r.Hits = wrapperspb.Int64(n) } }
+func WithHits(n int64) HitOption {
+	return func(r *coordinatorv1.HitRequest) { r.Hits = wrapperspb.Int64(n) }
+}
 
 // WithTokenBucket counts with a token bucket (limit tokens, refilled at
 // limit per window) instead of the default anchored fixed window.
