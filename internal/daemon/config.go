@@ -175,7 +175,7 @@ func (cfg Config) Validate() error {
 	case cfg.ShutdownTimeout <= 0:
 		return fmt.Errorf("-shutdown-timeout %v: must be positive", cfg.ShutdownTimeout)
 	case cfg.CounterStoreTimeout < 0:
-		return fmt.Errorf("-counter-store-timeout %v: must be positive", cfg.CounterStoreTimeout)
+		return fmt.Errorf("-counter-store-timeout %v: must not be negative (0: the default, %v)", cfg.CounterStoreTimeout, DefaultCounterStoreTimeout)
 	}
 	return nil
 }
