@@ -257,6 +257,7 @@ func (s *Service) Reset(ctx context.Context, name string) (existed bool, err err
 	ctx, cancel := context.WithTimeout(ctx, s.o.timeout)
 	defer cancel()
 	resp, err := s.cli.Delete(ctx, s.ks.Counter(name), clientv3.WithPrevKV())
+	s.b.forget(s.ks.Counter(name)) // the next hit reads the key anew (its compare would fail anyway)
 	if err != nil {
 		return false, etcdx.Classify("counter reset", err)
 	}
