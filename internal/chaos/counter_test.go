@@ -48,51 +48,9 @@ func TestCounterModel(t *testing.T) {
 func TestCountersUnderLeaderKill(t *testing.T) {
 	scenario(t, false)
 	e := newEnv(t, 2)
-	var counters []coordinatorv1.CounterServiceClient
-	for _, r := range e.Replicas {
-		conn, err := grpc.NewClient(r.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		counters = append(counters, coordinatorv1.NewCounterServiceClient(conn))
-	}
-	const limit, workers, phase = 40, 8, 400 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Second)
 	defer cancel()
-	start := time.Now()
-	var (
-		mu  sync.Mutex
-		ops []chaos.CounterOp
-		wg  sync.WaitGroup
-	)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for ctx.Err() == nil {
-				// A new counter every phase, so that many fill up across the faults.
-				name := fmt.Sprint("chaos-counter/", time.Since(start)/phase)
-				op := chaos.CounterOp{Client: w, Name: name, Limit: limit, Call: int64(time.Since(start))}
-				hctx, hcancel := context.WithTimeout(ctx, 2*time.Second)
-				r, err := counters[w%len(counters)].Hit(hctx, &coordinatorv1.HitRequest{Name: name, Limit: limit, Window: durationpb.New(time.Hour)})
-				hcancel()
-				op.Return = int64(time.Since(start))
-				switch {
-				case err != nil:
-					op.Outcome = chaos.Ambiguous
-				case r.GetAllowed():
-					op.Outcome, op.Count = chaos.OK, r.GetCount()
-				default:
-					op.Outcome, op.Count = chaos.Failed, r.GetCount()
-				}
-				mu.Lock()
-				ops = append(ops, op)
-				mu.Unlock()
-				time.Sleep(2 * time.Millisecond)
-			}
-		}()
-	}
+	load := startCounterLoad(t, e)
 	if pause(ctx, time.Second) {
 		l, err := e.Cluster.KillLeader()
 		if err != nil {
@@ -105,21 +63,90 @@ func TestCountersUnderLeaderKill(t *testing.T) {
 			}
 		}
 	}
-	wg.Wait()
+	<-ctx.Done()
+	load.stopAndCheck(t)
+}
+
+// counterLoad is 8 workers hitting counters through every replica of e,
+// a new counter (limit 40, a window of an hour) every 400ms so that many
+// fill up across the faults, each hit recorded for the counter model.
+type counterLoad struct {
+	start  time.Time
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	ops    []chaos.CounterOp
+}
+
+const counterLimit = 40
+
+func startCounterLoad(t *testing.T, e *chaos.Env) *counterLoad {
+	t.Helper()
+	var counters []coordinatorv1.CounterServiceClient
+	for _, r := range e.Replicas {
+		conn, err := grpc.NewClient(r.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		counters = append(counters, coordinatorv1.NewCounterServiceClient(conn))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &counterLoad{start: time.Now(), cancel: cancel}
+	for w := range 8 {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for ctx.Err() == nil {
+				l.hit(ctx, w, counters[w%len(counters)])
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+	}
+	return l
+}
+
+func (l *counterLoad) hit(ctx context.Context, w int, cc coordinatorv1.CounterServiceClient) {
+	name := fmt.Sprint("chaos-counter/", time.Since(l.start)/(400*time.Millisecond))
+	op := chaos.CounterOp{Client: w, Name: name, Limit: counterLimit, Call: int64(time.Since(l.start))}
+	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	r, err := cc.Hit(hctx, &coordinatorv1.HitRequest{Name: name, Limit: counterLimit, Window: durationpb.New(time.Hour)})
+	cancel()
+	op.Return = int64(time.Since(l.start))
+	switch {
+	case err != nil:
+		op.Outcome = chaos.Ambiguous
+	case r.GetAllowed():
+		op.Outcome, op.Count = chaos.OK, r.GetCount()
+	default:
+		op.Outcome, op.Count = chaos.Failed, r.GetCount()
+	}
+	l.mu.Lock()
+	l.ops = append(l.ops, op)
+	l.mu.Unlock()
+}
+
+// stopAndCheck stops the workers and checks their history: no counter
+// allowed more than its limit, and the history is linearizable.
+func (l *counterLoad) stopAndCheck(t *testing.T) chaos.Verdict {
+	t.Helper()
+	l.cancel()
+	l.wg.Wait()
 	allowed := map[string]int64{}
-	for _, op := range ops {
+	for _, op := range l.ops {
 		if op.Outcome == chaos.OK {
 			allowed[op.Name]++
 		}
 	}
 	for name, n := range allowed {
-		if n > limit {
-			t.Errorf("%s: %d hits allowed, limit %d", name, n, limit)
+		if n > counterLimit {
+			t.Errorf("%s: %d hits allowed, limit %d", name, n, counterLimit)
 		}
 	}
-	v := chaos.CheckCounters(ops, 30*time.Second)
-	t.Logf("%d hits on %d counters, %d allowed, %d ambiguous", v.Ops, len(allowed), v.Grants, v.Ambiguous)
+	v := chaos.CheckCounters(l.ops, 30*time.Second)
+	t.Logf("counters: %d hits on %d counters, %d allowed, %d ambiguous", v.Ops, len(allowed), v.Grants, v.Ambiguous)
 	if err := v.Err(); err != nil {
 		t.Fatal(err)
 	}
+	return v
 }
