@@ -34,7 +34,8 @@
 // released by its GrantRef (KeepAlive, Release) from any process;
 // ValidateToken; Describe; List and Pages over the held locks; Watch;
 // ForceRelease; sessions (OpenSession), one lease for many locks; and the
-// resources' high-water marks (GetMark, Marks, DeleteMark, RebindMark). Each
+// resources' high-water marks (GetMark, Marks, DeleteMark, RebindMark); and
+// rate-limit counters (Hit, Counter, ResetCounter, and Limiter.Allow). Each
 // call retries UNAVAILABLE as Acquire does when a retry is safe, and says
 // so; its other errors are gRPC status errors.
 package client
@@ -145,6 +146,7 @@ type Client struct {
 	conn *grpc.ClientConn // nil when the caller owns the connection
 	lc   coordinatorv1.LockServiceClient
 	fc   coordinatorv1.FenceServiceClient
+	cc   coordinatorv1.CounterServiceClient
 	o    options
 
 	root context.Context // cancelled by Close
@@ -195,7 +197,8 @@ func newOptions(opts []Option) options {
 
 func newClient(cc grpc.ClientConnInterface, o options) *Client {
 	root, halt := context.WithCancel(context.Background())
-	return &Client{lc: coordinatorv1.NewLockServiceClient(cc), fc: coordinatorv1.NewFenceServiceClient(cc), o: o, root: root, halt: halt, locks: map[*Lock]struct{}{}}
+	return &Client{lc: coordinatorv1.NewLockServiceClient(cc), fc: coordinatorv1.NewFenceServiceClient(cc), cc: coordinatorv1.NewCounterServiceClient(cc),
+		o: o, root: root, halt: halt, locks: map[*Lock]struct{}{}}
 }
 
 // Close releases every lock still held (best effort, each bounded by 2s: a

@@ -34,7 +34,7 @@ const (
 type cell struct {
 	scenario string
 	clients  int
-	held     int // scHeld: locks held while measuring
+	held     int // scHeld: locks held while measuring; scCounter: distinct counters
 	system   string
 }
 
@@ -60,6 +60,8 @@ type bench struct {
 	coord   *child
 	cl      *clients
 	systems map[string]locker
+	redis   *redisPeer   // the counter scenario's peer; nil when redis-server is not installed
+	notes   []string     // for the report: peers skipped, and why
 	seq     atomic.Int64 // makes every cell's lock names unique
 }
 

@@ -29,6 +29,8 @@ type config struct {
 	clients          []int // uncontended and validate
 	contended        []int
 	held             []int
+	counters         []int // counter: distinct counters of each cell
+	counterClients   int   // counter: workers
 	conns            int
 	scenarios        []string
 	out, svg         string
@@ -61,6 +63,7 @@ func parse(args []string) (config, error) {
 	var (
 		c                                      config
 		clients, contended, held, scenarioList string
+		counters                               string
 	)
 	fs.BoolVar(&c.quick, "quick", false, "a quick run (about 2 minutes): -reps 2 -duration 1s -warmup 300ms -held 100,10000, unless given explicitly")
 	fs.DurationVar(&c.duration, "duration", 4*time.Second, "measured window of each repetition of each cell")
@@ -69,8 +72,10 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&clients, "clients", "1,16,64", "client counts of the uncontended and validate scenarios")
 	fs.StringVar(&contended, "contended", "16,64", "client counts of the one-name scenario")
 	fs.StringVar(&held, "held", "100,10000,100000", "numbers of held locks of the held-lock scenario (the first is the baseline)")
+	fs.StringVar(&counters, "counters", "1,1000", "numbers of distinct counters of the counter scenario (1: one hot counter)")
+	fs.IntVar(&c.counterClients, "counter-clients", 64, "workers of the counter scenario")
 	fs.IntVar(&c.conns, "conns", 4, "gRPC connections to coordinatord and etcd clients, shared round-robin by the workers")
-	fs.StringVar(&scenarioList, "scenarios", "uncontended,contended,validate,held", "scenarios to run")
+	fs.StringVar(&scenarioList, "scenarios", "uncontended,contended,validate,held,counter", "scenarios to run")
 	fs.StringVar(&c.out, "out", "docs/benchmarks/results.md", "markdown report (also printed to stdout); empty: stdout only")
 	fs.StringVar(&c.svg, "svg", "docs/benchmarks/chart.svg", "SVG chart; empty: none")
 	fs.StringVar(&c.profileDir, "profile-dir", "", "if set, CPU profiles of coordinatord and etcd during the first repetition of each uncontended cell (coordinatord and Mutex), contended and validate cell (coordinatord) are written here")
@@ -108,9 +113,12 @@ func parse(args []string) (config, error) {
 	if c.held, err = ints(held); err != nil {
 		return c, fmt.Errorf("-held: %w", err)
 	}
+	if c.counters, err = ints(counters); err != nil {
+		return c, fmt.Errorf("-counters: %w", err)
+	}
 	for _, s := range strings.Split(scenarioList, ",") {
 		switch s = strings.TrimSpace(s); s {
-		case scUncontended, scContended, scValidate, scHeld:
+		case scUncontended, scContended, scValidate, scHeld, scCounter:
 			c.scenarios = append(c.scenarios, s)
 		case "":
 		default:
@@ -126,6 +134,8 @@ func parse(args []string) (config, error) {
 		return c, fmt.Errorf("-warmup %v: must not be negative", c.warmup)
 	case c.conns < 1:
 		return c, fmt.Errorf("-conns %d: must be at least 1", c.conns)
+	case c.counterClients < 1:
+		return c, fmt.Errorf("-counter-clients %d: must be at least 1", c.counterClients)
 	}
 	c.args = args
 	return c, nil
@@ -175,7 +185,7 @@ func bench1(cfg config) (rep *report, err error) {
 	}
 	defer stopLogged(roleCoordinator, coord)
 
-	workers := slices.Max(slices.Concat(cfg.clients, cfg.contended, []int{1}))
+	workers := slices.Max(slices.Concat(cfg.clients, cfg.contended, []int{1, cfg.counterClients}))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	cl, err := dialClients(ctx, coord.addr, etcd.addr, cfg.conns, workers)
 	cancel()
@@ -191,6 +201,14 @@ func bench1(cfg config) (rep *report, err error) {
 		bt := newBatcher(cl.etcd[0], 2, 128)
 		defer close(bt.stop)
 		b.systems[sysRecipeBatch] = recipeBatchLocker{cl, bt}
+	}
+	if cfg.has(scCounter) {
+		if b.redis, err = startRedis(redisDir(cfg.dataDir), cfg.counterClients); err != nil {
+			return nil, fmt.Errorf("redis peer: %w", err)
+		}
+		if b.redis != nil {
+			defer b.redis.stop()
+		}
 	}
 	rep = &report{cfg: cfg, rss: map[int][2]int64{}, load: [2]string{loadAvg()}}
 	rep.baseRSS[0], _ = rss(coord.pid())
@@ -282,6 +300,12 @@ func bench1(cfg config) (rep *report, err error) {
 			}
 		}
 	}
+	if cfg.has(scCounter) {
+		if err := b.runCounters(progress, rotate); err != nil {
+			return nil, err
+		}
+	}
+	rep.notes = b.notes
 	rep.elapsed = time.Since(start)
 	rep.load[1] = loadAvg()
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -63,10 +64,10 @@ func TestParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.reps != 3 || c.duration != time.Second || len(c.held) != 2 || len(c.scenarios) != 4 {
+	if c.reps != 3 || c.duration != time.Second || len(c.held) != 2 || len(c.scenarios) != 5 {
 		t.Fatalf("quick with explicit reps: %+v", c)
 	}
-	for _, bad := range [][]string{{"-reps", "0"}, {"-clients", "1,x"}, {"-scenarios", "nope"}, {"-duration", "1ms"}, {"extra"}} {
+	for _, bad := range [][]string{{"-reps", "0"}, {"-clients", "1,x"}, {"-scenarios", "nope"}, {"-duration", "1ms"}, {"extra"}, {"-counters", "0"}, {"-counter-clients", "0"}} {
 		if _, err := parse(bad); err == nil {
 			t.Errorf("parse(%q) accepted", bad)
 		}
@@ -81,7 +82,7 @@ func TestSmoke(t *testing.T) {
 	}
 	dir := t.TempDir()
 	cfg, err := parse([]string{"-reps", "1", "-duration", "500ms", "-warmup", "200ms", "-clients", "1,3", "-contended", "3",
-		"-held", "5,40", "-conns", "2", "-out", filepath.Join(dir, "r.md"), "-svg", filepath.Join(dir, "c.svg"),
+		"-held", "5,40", "-counters", "1,10", "-counter-clients", "3", "-conns", "2", "-out", filepath.Join(dir, "r.md"), "-svg", filepath.Join(dir, "c.svg"),
 		"-data-dir", filepath.Join(dir, "etcd"), "-profile-dir", filepath.Join(dir, "prof")})
 	if err != nil {
 		t.Fatal(err)
@@ -112,21 +113,31 @@ func TestSmoke(t *testing.T) {
 	}
 	for _, k := range [][2]string{{scUncontended, sysCoord}, {scUncontended, sysMutex}, {scUncontended, sysV3lock},
 		{scContended, sysCoord}, {scContended, sysMutex}, {scContended, sysV3lock}, {scUncontended, sysSem4}, {scContended, sysSem4},
-		{scValidate, sysCoord}, {scValidate, sysGet}, {scValidate, sysFloor}, {scHeld, sysCoord}, {scHeld, sysMutex}} {
+		{scValidate, sysCoord}, {scValidate, sysGet}, {scValidate, sysFloor}, {scHeld, sysCoord}, {scHeld, sysMutex},
+		{scCounter, sysCoord}, {scCounter, sysNaiveTxn}} {
 		if ops[k] == 0 {
 			t.Errorf("%s, %s: no operation completed in any cell", k[0], k[1])
 		}
 	}
 	// 3 client counts x (4 lock systems + 3 validate systems), 1 contended
-	// count x 4, 2 held levels x 2.
-	if want := 3*7 + 4 + 2*2; len(cells) != want {
+	// count x 4, 2 held levels x 2, 2 counter levels x (coordinatord, the
+	// naive Txn and, when redis-server is installed, Redis twice).
+	counterSystems := 2
+	if _, err := exec.LookPath("redis-server"); err == nil {
+		counterSystems = 4
+		if ops[[2]string{scCounter, sysRedisAlways}] == 0 || ops[[2]string{scCounter, sysRedisNo}] == 0 {
+			t.Error("counter, Redis: no operation completed in any cell")
+		}
+	}
+	if want := 3*7 + 4 + 2*2 + 2*counterSystems; len(cells) != want {
 		t.Errorf("%d cells measured, want %d", len(cells), want)
 	}
 	md, err := os.ReadFile(cfg.out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"### Targets", "single-client acquire p50", "40 held locks", "| contended, 3 clients, one name | hand-offs/s |", "etcd linearizable Get"} {
+	for _, want := range []string{"### Targets", "single-client acquire p50", "40 held locks", "| contended, 3 clients, one name | hand-offs/s |", "etcd linearizable Get",
+		"### Counters (issue 16)", "| 10 | etcd naive Txn per hit |"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}

@@ -21,6 +21,7 @@ type report struct {
 	rss     map[int][2]int64 // held locks -> coordinatord, etcd RSS
 	elapsed time.Duration
 	load    [2]string // load average at the start and the end
+	notes   []string  // peers skipped, and why
 }
 
 // agg is the aggregate of a cell's repetitions.
@@ -311,6 +312,8 @@ func (rp *report) markdown() string {
 		}
 		w("\n")
 	}
+
+	b.WriteString(rp.counterMarkdown())
 
 	w("### CPU during the measured windows\n\nCores used (median over repetitions): the load generator (every client), the coordinatord process, the etcd process, and every other process on the machine (interference from outside the benchmark). The machine has %d.\n\n", runtime.NumCPU())
 	w("| scenario | clients | held | system | ops/s | client | coordinatord | etcd | other | errors |\n|---|---|---|---|---|---|---|---|---|---|\n")

@@ -64,6 +64,7 @@ func holdersAllowed(system string) int32 {
 type clients struct {
 	coordConns []*grpc.ClientConn
 	coord      []coordinatorv1.LockServiceClient
+	counters   []coordinatorv1.CounterServiceClient
 	health     []healthpb.HealthClient
 	etcd       []*clientv3.Client
 	sessions   []*concurrency.Session // one per worker: Mutex's recommended use
@@ -80,6 +81,7 @@ func dialClients(ctx context.Context, coordAddr, etcdURL string, conns, workers 
 		}
 		c.coordConns = append(c.coordConns, gc)
 		c.coord = append(c.coord, coordinatorv1.NewLockServiceClient(gc))
+		c.counters = append(c.counters, coordinatorv1.NewCounterServiceClient(gc))
 		c.health = append(c.health, healthpb.NewHealthClient(gc))
 		ec, err := clientv3.New(clientv3.Config{Endpoints: []string{etcdURL}, DialTimeout: 5 * time.Second})
 		if err != nil {

@@ -216,6 +216,39 @@ var commands = []command{
 		run:   runRestorePlan,
 		print: printRestorePlan,
 	}},
+	{name: "hit", spec: spec[hitLine, client.HitResult]{
+		synopsis: "NAME --limit N --window D [--hits K] [--token-bucket] [--fail-open] [--request-id ID]",
+		examples: "  coordctl hit api/customer-42 --limit 100 --window 1m\n  coordctl -o json hit emails/user-7 --limit 3 --window 1h --hits 0\n",
+		minArgs:  1, maxArgs: 1,
+		flags: func(fs *flag.FlagSet, f *hitLine) { f.register(fs) },
+		args:  func(_ *env, pos []string, f *hitLine) int { f.name = pos[0]; return -1 },
+		run:   runHit,
+		print: printHit,
+	}},
+	{name: "counter get", spec: spec[string, client.CounterState]{
+		synopsis: "NAME",
+		examples: "  coordctl counter get api/customer-42\n",
+		minArgs:  1, maxArgs: 1,
+		args: func(_ *env, pos []string, n *string) int { *n = pos[0]; return -1 },
+		run: func(x *call[string]) (client.CounterState, error) {
+			ctx, cancel := x.bounded()
+			defer cancel()
+			return x.c.Counter(ctx, *x.f)
+		},
+		print: printCounter,
+	}},
+	{name: "counter reset", spec: spec[string, bool]{
+		synopsis: "NAME",
+		examples: "  coordctl counter reset api/customer-42\n",
+		minArgs:  1, maxArgs: 1,
+		args: func(_ *env, pos []string, n *string) int { *n = pos[0]; return -1 },
+		run: func(x *call[string]) (bool, error) {
+			ctx, cancel := x.bounded()
+			defer cancel()
+			return x.c.ResetCounter(ctx, *x.f)
+		},
+		print: printCounterReset,
+	}},
 	// The API has no call that names the server's build, so version is
 	// coordctl's own; the server's is its coordinatord_build_info metric.
 	{name: "version", spec: spec[struct{}, version.Info]{

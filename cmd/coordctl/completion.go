@@ -22,7 +22,7 @@ _coordctl() {
     COMPREPLY=()
     local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}"
     local conn="--addr --tls --tls-ca --tls-cert --tls-key --tls-server-name --token-file --timeout -o"
-    local cmds="acquire release keepalive validate describe list watch force-release session marks exec epoch restore-plan version completion help"
+    local cmds="acquire release keepalive validate describe list watch force-release session marks hit counter exec epoch restore-plan version completion help"
     local cmd="" i
     for ((i = 1; i < COMP_CWORD; i++)); do
         if [[ "${COMP_WORDS[i]}" == "--" ]]; then
@@ -35,7 +35,7 @@ _coordctl() {
     case "$prev" in
         -o) COMPREPLY=($(compgen -W "table json" -- "$cur")); return ;;
         --tls-ca|--tls-cert|--tls-key|--token-file|--handle-file|--session-file|-tls-ca|-tls-cert|-tls-key|-token-file|-handle-file|-session-file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-        --addr|--timeout|--ttl|--wait|--owner|--lock-delay|--max-hold|--grace|--resource|--count|--start-revision|--tls-server-name) return ;;
+        --addr|--timeout|--ttl|--wait|--owner|--lock-delay|--max-hold|--grace|--resource|--count|--start-revision|--tls-server-name|--limit|--window|--hits|--request-id) return ;;
     esac
     if [[ -z "$cmd" ]]; then
         if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$conn" -- "$cur")); else COMPREPLY=($(compgen -W "$cmds" -- "$cur")); fi
@@ -45,11 +45,15 @@ _coordctl() {
     case "$cmd" in
         acquire) flags="$flags --ttl --wait --owner --lock-delay --max-hold --session --session-file" ;;
         release|keepalive) flags="$flags --handle-file" ;;
-        session|marks)
-            # the group's commands, then their flags (no names: a session or a mark is not a lock)
+        session|marks|counter)
+            # the group's commands, then their flags (no names: a session, a mark or a counter is not a lock)
             local sub="${COMP_WORDS[i+1]}"
             if ((COMP_CWORD == i + 1)); then
-                if [[ "$cmd" == session ]]; then COMPREPLY=($(compgen -W "open keepalive close" -- "$cur")); else COMPREPLY=($(compgen -W "list get delete rebind" -- "$cur")); fi
+                case "$cmd" in
+                    session) COMPREPLY=($(compgen -W "open keepalive close" -- "$cur")) ;;
+                    marks) COMPREPLY=($(compgen -W "list get delete rebind" -- "$cur")) ;;
+                    *) COMPREPLY=($(compgen -W "get reset" -- "$cur")) ;;
+                esac
                 return
             fi
             case "$sub" in open) flags="$flags --ttl --owner" ;; keepalive|close) flags="$flags --session-file" ;; esac
@@ -58,6 +62,7 @@ _coordctl() {
         exec) flags="$flags --ttl --wait --owner --lock-delay --max-hold --grace --" ;;
         validate) flags="$flags --resource" ;;
         watch) flags="$flags --count --start-revision" ;;
+        hit) flags="$flags --limit --window --hits --token-bucket --fail-open --request-id" ;;
         completion) COMPREPLY=($(compgen -W "bash zsh fish" -- "$cur")); return ;;
         help) COMPREPLY=($(compgen -W "$cmds" -- "$cur")); return ;;
     esac

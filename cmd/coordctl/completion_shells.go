@@ -14,7 +14,7 @@ const zshCompletion = `#compdef coordctl
 # (after compinit).
 _coordctl() {
     local -a cmds conn flags names
-    cmds=(acquire release keepalive validate describe list watch force-release session marks exec epoch restore-plan version completion help)
+    cmds=(acquire release keepalive validate describe list watch force-release session marks hit counter exec epoch restore-plan version completion help)
     conn=(--addr --tls --tls-ca --tls-cert --tls-key --tls-server-name --token-file --timeout -o)
     local cmd="" sub="" i
     for ((i = 2; i < CURRENT; i++)); do
@@ -28,7 +28,7 @@ _coordctl() {
     case "${words[CURRENT-1]}" in
         -o) compadd -- table json; return ;;
         --tls-ca|--tls-cert|--tls-key|--token-file|--handle-file|--session-file) _files; return ;;
-        --addr|--timeout|--ttl|--wait|--owner|--lock-delay|--max-hold|--grace|--resource|--count|--start-revision|--tls-server-name) return ;;
+        --addr|--timeout|--ttl|--wait|--owner|--lock-delay|--max-hold|--grace|--resource|--count|--start-revision|--tls-server-name|--limit|--window|--hits|--request-id) return ;;
     esac
     if [[ -z "$cmd" ]]; then
         if [[ "$PREFIX" == -* ]]; then compadd -- $conn; else compadd -- $cmds; fi
@@ -46,6 +46,9 @@ _coordctl() {
             case "$sub" in open) flags+=(--ttl --owner) ;; keepalive|close) flags+=(--session-file) ;; esac ;;
         marks)
             if ((CURRENT == i + 1)); then compadd -- list get delete rebind; return; fi ;;
+        counter)
+            if ((CURRENT == i + 1)); then compadd -- get reset; return; fi ;;
+        hit) flags+=(--limit --window --hits --token-bucket --fail-open --request-id) ;;
         completion) compadd -- bash zsh fish; return ;;
         help) compadd -- $cmds; return ;;
     esac
@@ -63,10 +66,10 @@ if (( $+functions[compdef] )); then compdef _coordctl coordctl; fi
 `
 
 const fishCompletion = `# fish completion for coordctl; load it with: coordctl completion fish | source
-function __coordctl_cmd --description 'the command being completed (session and marks: with their subcommand)'
+function __coordctl_cmd --description 'the command being completed (session, marks and counter: with their subcommand)'
     set -l toks (commandline -opc)
     set -e toks[1]
-    set -l cmds acquire release keepalive validate describe list watch force-release session marks exec epoch restore-plan version completion help
+    set -l cmds acquire release keepalive validate describe list watch force-release session marks hit counter exec epoch restore-plan version completion help
     for i in (seq (count $toks))
         if test "$toks[$i]" = "--"
             echo --
@@ -74,7 +77,7 @@ function __coordctl_cmd --description 'the command being completed (session and 
         end
         if contains -- $toks[$i] $cmds
             set -l next (math $i + 1)
-            if contains -- $toks[$i] session marks; and test (count $toks) -ge $next
+            if contains -- $toks[$i] session marks counter; and test (count $toks) -ge $next
                 echo "$toks[$i] $toks[$next]"
             else
                 echo $toks[$i]
@@ -94,11 +97,12 @@ function __coordctl_names
     coordctl --timeout 2s __names (commandline -ct) 2>/dev/null | string split0
 end
 complete -c coordctl -f
-complete -c coordctl -n 'test -z (__coordctl_cmd)' -a 'acquire release keepalive validate describe list watch force-release session marks exec epoch restore-plan version completion help'
+complete -c coordctl -n 'test -z (__coordctl_cmd)' -a 'acquire release keepalive validate describe list watch force-release session marks hit counter exec epoch restore-plan version completion help'
 complete -c coordctl -n '__coordctl_is session' -a 'open keepalive close'
 complete -c coordctl -n '__coordctl_is marks' -a 'list get delete rebind'
+complete -c coordctl -n '__coordctl_is counter' -a 'get reset'
 complete -c coordctl -n '__coordctl_is completion' -a 'bash zsh fish'
-complete -c coordctl -n '__coordctl_is help' -a 'acquire release keepalive validate describe list watch force-release session marks exec epoch restore-plan version completion'
+complete -c coordctl -n '__coordctl_is help' -a 'acquire release keepalive validate describe list watch force-release session marks hit counter exec epoch restore-plan version completion'
 complete -c coordctl -n '__coordctl_is acquire release keepalive validate describe watch force-release exec list' -a '(__coordctl_names)'
 complete -c coordctl -n '__coordctl_is --' -a '(__fish_complete_subcommand --fcs-skip=1)'
 complete -c coordctl -o o -x -a 'table json' -d 'output format'

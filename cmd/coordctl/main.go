@@ -35,7 +35,8 @@ const exitCodesHelp = `Exit codes:
   0  ok
   1  other error (the message on stderr says what)
   2  usage error: bad flag or argument, or INVALID_ARGUMENT from the server
-  3  not acquired: the lock is held by someone else (ABORTED, after --wait)
+  3  not acquired: the lock is held by someone else (ABORTED, after --wait);
+     hit: refused, the counter's limit is reached
   4  not valid: validate answered valid=false; keepalive NOT_FOUND (the grant
      is gone); release or force-release changed nothing (released=false)
   5  unavailable: the coordinator did not answer within --timeout (UNAVAILABLE,
@@ -78,6 +79,11 @@ Commands:
   marks get RESOURCE             one resource's mark and the lock that owns it
   marks delete RESOURCE          delete a resource's mark (admins only)
   marks rebind RESOURCE LOCK     give a resource's mark to another lock (admins only)
+  hit NAME --limit N --window D [--hits K] [--token-bucket] [--fail-open]
+                                 count K hits (default 1) on a rate-limit counter: allowed
+                                 (exit 0) or refused (exit 3), the count, when it resets
+  counter get NAME               a counter's count, limit and reset time, without counting
+  counter reset NAME             delete a counter: its next hit starts a fresh window
   exec NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--grace D] -- COMMAND [ARGS...]
                                  run COMMAND while holding NAME (renewed in the background);
                                  release it when COMMAND exits; terminate COMMAND if it is lost

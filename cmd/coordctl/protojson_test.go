@@ -35,6 +35,9 @@ func TestJSONIsProtoJSON(t *testing.T) {
 		{"marks list", []string{"marks", "list", "cli-protojson/"}, &coordinatorv1.ListMarksResponse{}, nil},
 		{"session open", []string{"session", "open", "--ttl", "5s"}, &coordinatorv1.OpenSessionResponse{}, nil},
 		{"epoch", []string{"epoch"}, &coordinatorv1.GetEpochResponse{}, nil},
+		{"hit", []string{"hit", "cli-protojson/counter", "--limit", "5", "--window", "90s"}, &coordinatorv1.HitResponse{}, nil},
+		{"counter get", []string{"counter", "get", "cli-protojson/counter"}, &coordinatorv1.GetResponse{}, nil},
+		{"counter reset", []string{"counter", "reset", "cli-protojson/counter"}, &coordinatorv1.ResetResponse{}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

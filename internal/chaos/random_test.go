@@ -67,7 +67,8 @@ var faults = []fault{
 // chaos: 20), each seeded and printed; CHAOS_SEED=n replays one schedule.
 // Each run's history must be linearizable (no unknown verdict), the
 // register must see no violation, and at least one stale write must have
-// been refused. Skipped unless CHAOS_RUNS or CHAOS_SEED is set.
+// been refused; counter hits run alongside, and their history must be
+// linearizable against the counter model (counter_test.go). Skipped unless CHAOS_RUNS or CHAOS_SEED is set.
 func TestChaosRandomized(t *testing.T) {
 	runs, _ := strconv.Atoi(os.Getenv("CHAOS_RUNS"))
 	base := uint64(time.Now().UnixNano() % 1_000_000)
@@ -88,13 +89,14 @@ func TestChaosRandomized(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var ops, amb, grants, writes, stale, faultsRun int
+	var ops, amb, grants, writes, stale, faultsRun, counterOps int
 	for i := range runs {
 		seed := base + uint64(i)
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			t.Logf("replay with: CHAOS_SEED=%d make chaos", seed)
 			rng := mrand.New(mrand.NewPCG(seed, 0x5eed))
 			e := newEnv(t, 2)
+			counters := startCounterLoad(t, e)
 			res := run{d: d, names: []string{"a", "b", "c"}, perName: 3, pauseOneIn: 4, wantStale: true, seed: seed}.exec(t, e, func(ctx context.Context, _ *chaos.Workload) {
 				for pause(ctx, time.Duration(500+rng.IntN(1500))*time.Millisecond) {
 					f := faults[rng.IntN(len(faults))]
@@ -107,7 +109,9 @@ func TestChaosRandomized(t *testing.T) {
 					}
 				}
 			})
+			hits := counters.stopAndCheck(t)
 			ops += res.verdict.Ops
+			counterOps += hits.Ops
 			amb += res.verdict.Ambiguous
 			grants += res.verdict.Grants
 			writes += res.reg.Writes
@@ -117,6 +121,6 @@ func TestChaosRandomized(t *testing.T) {
 			break
 		}
 	}
-	t.Logf("chaos: %d runs (seeds %d..%d), %d faults, %d ops checked (%d ambiguous, %d grants), %d register writes, %d stale writes refused, violations: 0",
-		runs, base, base+uint64(runs)-1, faultsRun, ops, amb, grants, writes, stale)
+	t.Logf("chaos: %d runs (seeds %d..%d), %d faults, %d ops checked (%d ambiguous, %d grants), %d register writes, %d stale writes refused, %d counter hits checked, violations: 0",
+		runs, base, base+uint64(runs)-1, faultsRun, ops, amb, grants, writes, stale, counterOps)
 }

@@ -1,6 +1,7 @@
 // Package coordinator assembles one coordinator: an etcd client, the lease
-// manager over it, the fence validator beside it, the token epoch keeper
-// that both answer through (internal/epoch: restores of etcd), the gRPC
+// manager over it, the fence validator and the counters beside it, the
+// token epoch keeper that the locks and the fence answer through
+// (internal/epoch: restores of etcd), the gRPC
 // server in front of them, and the validator's holder view following etcd. It is the one
 // constructor of that graph: the daemon, internal/testcoord, the chaos
 // replicas, the benchmarks and the server tests all build it here, so that
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
+	"github.com/coordinatord/coordinatord/internal/counter"
 	"github.com/coordinatord/coordinatord/internal/epoch"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
@@ -37,6 +39,7 @@ type Coordinator struct {
 	mgr *lease.Manager
 	val *fence.Validator
 	ep  *epoch.Keeper
+	cnt *counter.Service
 	gs  *grpc.Server
 	hs  *health.Server
 	log *slog.Logger
@@ -49,11 +52,12 @@ type Coordinator struct {
 }
 
 type options struct {
-	lease  []lease.Option
-	fence  []fence.Option
-	server []server.Option
-	log    *slog.Logger
-	epoch  time.Duration
+	lease   []lease.Option
+	fence   []fence.Option
+	counter []counter.Option
+	server  []server.Option
+	log     *slog.Logger
+	epoch   time.Duration
 }
 
 // Option configures New.
@@ -67,6 +71,12 @@ func WithLease(opts ...lease.Option) Option {
 // WithFence adds options of the fence validator.
 func WithFence(opts ...fence.Option) Option {
 	return func(o *options) { o.fence = append(o.fence, opts...) }
+}
+
+// WithCounter adds options of the counters (the key prefix is the lease
+// manager's).
+func WithCounter(opts ...counter.Option) Option {
+	return func(o *options) { o.counter = append(o.counter, opts...) }
 }
 
 // WithServer adds options of the gRPC server (interceptors, credentials,
@@ -111,7 +121,8 @@ func New(etcd clientv3.Config, opts ...Option) (*Coordinator, error) {
 	}
 	c.ep = epoch.New(cli, mgr.Keyspace(), epochOpts...)
 	c.val = fence.New(cli, mgr.Keyspace(), append([]fence.Option{fence.WithEpochs(c.ep)}, o.fence...)...)
-	c.gs, c.hs = server.NewGRPCServer(server.NewLockService(mgr, c.val, o.log, server.WithEpochs(c.ep)), o.log, o.server...)
+	c.cnt = counter.New(cli, append([]counter.Option{counter.WithKeyPrefix(mgr.Keyspace().Prefix()), counter.WithLogger(o.log)}, o.counter...)...)
+	c.gs, c.hs = server.NewGRPCServer(server.NewLockService(mgr, c.val, c.cnt, o.log, server.WithEpochs(c.ep)), o.log, o.server...)
 	// The first check before anything is served: a restore found is fenced
 	// off now. If etcd does not answer, the keeper stays paused (every
 	// grant and validation UNAVAILABLE) until its loop's first success.
@@ -163,7 +174,10 @@ func (c *Coordinator) Fence() *fence.Validator { return c.val }
 // Epochs is the token epoch keeper.
 func (c *Coordinator) Epochs() *epoch.Keeper { return c.ep }
 
-// GRPC is the gRPC server, with the lock, fence, health and reflection
+// Counters is the counter service.
+func (c *Coordinator) Counters() *counter.Service { return c.cnt }
+
+// GRPC is the gRPC server, with the lock, fence, counter, health and reflection
 // services registered.
 func (c *Coordinator) GRPC() *grpc.Server { return c.gs }
 
@@ -183,7 +197,8 @@ func (c *Coordinator) ServeInBackground(lis net.Listener) {
 //
 //  1. every health service answers NOT_SERVING, so that balancers move on;
 //  2. the lease manager closes: every waiting Acquire ends and its queue key
-//     is removed (this needs etcd, which is still open); grants stay;
+//     is removed (this needs etcd, which is still open); grants stay; the
+//     counters take no more hits and finish the commits in flight;
 //  3. gRPC stops gracefully: no new calls, in-flight ones finish; when ctx
 //     ends first, the calls left are cut (and Drain returns true).
 //
@@ -191,6 +206,7 @@ func (c *Coordinator) ServeInBackground(lis net.Listener) {
 func (c *Coordinator) Drain(ctx context.Context) (cut bool) {
 	c.hs.Shutdown()
 	c.mgr.Close()
+	c.cnt.Close()
 	stopped := make(chan struct{})
 	go func() { c.gs.GracefulStop(); close(stopped) }()
 	select {
@@ -204,13 +220,14 @@ func (c *Coordinator) Drain(ctx context.Context) (cut bool) {
 }
 
 // Close stops what is left, at once, in this order: the lease manager
-// (waiting Acquires end, their queue keys removed), gRPC (in-flight calls
-// cut), the epoch keeper's loop, the holder view, then the etcd client,
-// which everything before needed. After Drain only the last three have
-// anything to do. Close is idempotent.
+// (waiting Acquires end, their queue keys removed), the counters, gRPC
+// (in-flight calls cut), the epoch keeper's loop, the holder view, then the
+// etcd client, which everything before needed. After Drain only the last
+// three have anything to do. Close is idempotent.
 func (c *Coordinator) Close() {
 	c.closeOnce.Do(func() {
 		c.mgr.Close()
+		c.cnt.Close()
 		c.gs.Stop()
 		c.stopEpoch()
 		c.stopView()
@@ -227,6 +244,7 @@ func (c *Coordinator) Crash() {
 		c.cli.Close()
 		c.gs.Stop()
 		c.mgr.Close()
+		c.cnt.Close()
 		c.stopEpoch()
 		c.stopView()
 	})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/coordinatord/coordinatord/internal/authz"
 	"github.com/coordinatord/coordinatord/internal/coordinator"
+	"github.com/coordinatord/coordinatord/internal/counter"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
@@ -44,6 +45,7 @@ func (d *Daemon) assemble(ctx context.Context) error {
 		coordinator.WithLogger(d.log),
 		coordinator.WithLease(leaseOpts...),
 		coordinator.WithFence(fence.WithMarkLimit(cfg.MaxMarksPerIdentity)),
+		coordinator.WithCounter(counterOptions(cfg)...),
 		coordinator.WithServer(srvOpts...))
 	if err != nil {
 		return err
@@ -115,4 +117,17 @@ func (d *Daemon) grpcOptions() ([]server.Option, error) {
 		opts = append(opts, server.WithServerOptions(grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: cfg.MaxConnectionIdle})))
 	}
 	return opts, nil
+}
+
+// counterOptions are the counters' options of cfg: the unavailable-store
+// policy and the store timeout.
+func counterOptions(cfg Config) []counter.Option {
+	opts := []counter.Option{counter.WithPolicy(counter.FailClosed)}
+	if cfg.CounterFailOpen {
+		opts[0] = counter.WithPolicy(counter.FailOpen)
+	}
+	if cfg.CounterStoreTimeout > 0 {
+		opts = append(opts, counter.WithStoreTimeout(cfg.CounterStoreTimeout))
+	}
+	return opts
 }

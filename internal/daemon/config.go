@@ -102,13 +102,16 @@ type Config struct {
 	MaxConnectionIdle    time.Duration // a connection without calls this long is sent GOAWAY
 	MaxMarksPerIdentity  int64         // resource marks one identity may create (unauthenticated callers: one identity)
 	MarkRetention        time.Duration // a mark whose lock stayed free this long is deleted (see fence.SweepMarks)
+	CounterFailOpen      bool          // counter hits that name no policy are allowed, uncounted, while etcd is unavailable
+	CounterStoreTimeout  time.Duration // how long a counter hit waits for etcd before it counts as unavailable
 }
 
 // Defaults of the fields that WithDefaults fills (and of their flags).
 const (
-	DefaultMaxHold            = lease.MaxHold
-	DefaultShutdownTimeout    = 10 * time.Second
-	DefaultAuthReloadInterval = 5 * time.Second
+	DefaultMaxHold             = lease.MaxHold
+	DefaultShutdownTimeout     = 10 * time.Second
+	DefaultAuthReloadInterval  = 5 * time.Second
+	DefaultCounterStoreTimeout = 2 * time.Second
 )
 
 // WithDefaults returns cfg with its unset (zero) MaxHold, ShutdownTimeout
@@ -125,6 +128,9 @@ func (cfg Config) WithDefaults() Config {
 	}
 	if cfg.AuthReloadInterval == 0 {
 		cfg.AuthReloadInterval = DefaultAuthReloadInterval
+	}
+	if cfg.CounterStoreTimeout == 0 {
+		cfg.CounterStoreTimeout = DefaultCounterStoreTimeout
 	}
 	return cfg
 }
@@ -168,6 +174,8 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("-max-lock-delay %v: must not be negative", cfg.MaxLockDelay)
 	case cfg.ShutdownTimeout <= 0:
 		return fmt.Errorf("-shutdown-timeout %v: must be positive", cfg.ShutdownTimeout)
+	case cfg.CounterStoreTimeout < 0:
+		return fmt.Errorf("-counter-store-timeout %v: must not be negative (0: the default, %v)", cfg.CounterStoreTimeout, DefaultCounterStoreTimeout)
 	}
 	return nil
 }

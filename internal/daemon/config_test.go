@@ -48,6 +48,7 @@ func TestConfigValidateNamesTheFlag(t *testing.T) {
 		{"-max-hold", func(c *daemon.Config) { c.MaxHold = 0 }},
 		{"-max-lock-delay", func(c *daemon.Config) { c.MaxLockDelay = -time.Second }},
 		{"-shutdown-timeout", func(c *daemon.Config) { c.ShutdownTimeout = 0 }},
+		{"-counter-store-timeout", func(c *daemon.Config) { c.CounterStoreTimeout = -time.Second }},
 	} {
 		t.Run(tc.flag, func(t *testing.T) {
 			cfg := valid()

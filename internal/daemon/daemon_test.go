@@ -251,6 +251,16 @@ func TestMetricsAfterAScriptedScenario(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	cc := coordinatorv1.NewCounterServiceClient(conn)
+	for range 2 { // allowed, then refused
+		if _, err := cc.Hit(ctxT(t), &coordinatorv1.HitRequest{Name: "c", Limit: 1, Window: durationpb.New(time.Minute)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cc.Hit(ctxT(t), &coordinatorv1.HitRequest{Name: "c"}); err == nil {
+		t.Fatal("Hit without a limit succeeded")
+	}
+
 	var m map[string]map[string]float64
 	eventually(t, "the cancelled waiter's key is gone and the expiry counted", func() bool {
 		m = scrape(t, base)
@@ -281,6 +291,10 @@ func TestMetricsAfterAScriptedScenario(t *testing.T) {
 		{"coordinatord_hold_seconds", "outcome=forced", 1},   // f
 		{"coordinatord_hold_seconds", "outcome=expired", 1},  // e
 		{"coordinatord_expirations_total", "", 1},
+		{"coordinatord_counter_hits_total", "outcome=allowed", 1},
+		{"coordinatord_counter_hits_total", "outcome=refused", 1},
+		{"coordinatord_counter_hits_total", "outcome=invalid_argument", 1},
+		{"coordinatord_counter_hits_total", "outcome=uncounted", 0},
 		{"grpc_server_handled_total", "grpc_code=OK,grpc_method=Acquire,grpc_service=coordinator.v1.LockService,grpc_type=unary", 4},
 		{"grpc_server_handled_total", "grpc_code=Aborted,grpc_method=Acquire,grpc_service=coordinator.v1.LockService,grpc_type=unary", 2},
 		{"grpc_server_handled_total", "grpc_code=OK,grpc_method=ValidateToken,grpc_service=coordinator.v1.LockService,grpc_type=unary", 3},

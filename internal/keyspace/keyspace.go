@@ -19,6 +19,8 @@
 //	<prefix>fence/<resource>               a resource's high-water mark (fence)
 //	<prefix>fence/barrier                  read only: the linearizable barrier (fence)
 //	<prefix>markcounts/<identity>          an identity's count of marks (fence)
+//	<prefix>counters/<name>                a rate-limit counter (counter)
+//	<prefix>counterreqs/<identity>/<digest> a counter hit's request-id record (counter)
 //	<prefix>readyz                         the daemon's readiness probe
 //	<prefix>epoch/current                  the token epoch and its state (epoch)
 //	<prefix>epoch/beacon                   the raft position last seen (epoch)
@@ -143,6 +145,20 @@ func (k Keyspace) Slots() string { return k.prefix + "slots/" }
 
 // AllOwners is the prefix of every identity's lock slots.
 func (k Keyspace) AllOwners() string { return k.prefix + "owners/" }
+
+// Counters is the prefix of every rate-limit counter.
+func (k Keyspace) Counters() string { return k.prefix + "counters/" }
+
+// Counter is the key of the counter name: its value is its whole state
+// (window end and count, or the bucket's refill state).
+func (k Keyspace) Counter(name string) string { return k.Counters() + Escape(name) }
+
+// CounterRequest is the request-id record of a counter hit by the identity
+// whose hash is ih; digest (fixed-size, '/'-free) stands for the counter's
+// name and the request id.
+func (k Keyspace) CounterRequest(ih, digest string) string {
+	return k.prefix + "counterreqs/" + ih + "/" + digest
+}
 
 // Readyz is the key the daemon's readiness probe reads.
 func (k Keyspace) Readyz() string { return k.prefix + "readyz" }

@@ -30,6 +30,9 @@ func TestLayout(t *testing.T) {
 		{k.Mark("r/1"), "/p/fence/r%2F1"},
 		{k.Barrier(), "/p/fence/barrier"},
 		{k.MarkCount(ih), "/p/markcounts/" + ih},
+		{k.Counters(), "/p/counters/"},
+		{k.Counter("a/b"), "/p/counters/a%2Fb"},
+		{k.CounterRequest(ih, "d1"), "/p/counterreqs/" + ih + "/d1"},
 		{k.Readyz(), "/p/readyz"},
 	} {
 		if tc.got != tc.want {
@@ -58,6 +61,8 @@ func TestSubtreesAreDisjoint(t *testing.T) {
 		"markcounts": func(n string) string {
 			return k.MarkCount(IdentityHash(n))
 		},
+		"counters":    k.Counter,
+		"counterreqs": func(n string) string { return k.CounterRequest(IdentityHash(n), "d") },
 	}
 	for tree, keyOf := range subtrees {
 		for _, n := range names {

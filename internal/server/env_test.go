@@ -21,6 +21,7 @@ import (
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/chaos"
 	"github.com/coordinatord/coordinatord/internal/coordinator"
+	"github.com/coordinatord/coordinatord/internal/counter"
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
@@ -52,6 +53,8 @@ type env struct {
 	stopped bool
 	// fenceOpts configure the validators of the coordinator and its replicas.
 	fenceOpts []fence.Option
+	// counterOpts configure the counters of the coordinator and its replicas.
+	counterOpts []counter.Option
 }
 
 func newEnv(t *testing.T, opts ...lease.Option) *env {
@@ -83,7 +86,7 @@ func (e *env) assemble(etcd clientv3.Config, srv []server.Option, opts ...lease.
 	t := e.t
 	t.Helper()
 	c, err := coordinator.New(etcd, coordinator.WithLease(append([]lease.Option{lease.WithKeyPrefix("/test/")}, opts...)...),
-		coordinator.WithFence(e.fenceOpts...), coordinator.WithServer(srv...))
+		coordinator.WithFence(e.fenceOpts...), coordinator.WithCounter(e.counterOpts...), coordinator.WithServer(srv...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +260,7 @@ func (e *env) replica() *replica {
 	}
 	t.Cleanup(proxy.Close)
 	c, err := coordinator.New(clientv3.Config{Endpoints: []string{"http://" + proxy.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()},
-		coordinator.WithLease(lease.WithKeyPrefix("/test/")), coordinator.WithFence(e.fenceOpts...))
+		coordinator.WithLease(lease.WithKeyPrefix("/test/")), coordinator.WithFence(e.fenceOpts...), coordinator.WithCounter(e.counterOpts...))
 	if err != nil {
 		t.Fatal(err)
 	}

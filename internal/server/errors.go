@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/coordinatord/coordinatord/internal/authz"
+	"github.com/coordinatord/coordinatord/internal/counter"
 	"github.com/coordinatord/coordinatord/internal/epoch"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
@@ -42,6 +43,7 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		tm *fence.TooManyMarksError
 		lm *lease.LimitMismatchError
 		sh *fence.SharedHolderError
+		am *counter.AlgorithmMismatchError
 	)
 	switch {
 	case errors.As(err, &se):
@@ -65,6 +67,9 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 	case errors.As(err, &sh):
 		return withReason(codes.FailedPrecondition, err.Error(), "SHARED_HOLDER_CANNOT_FENCE",
 			map[string]string{"lock": sh.Name, "resource": sh.Resource})
+	case errors.As(err, &am):
+		return withReason(codes.FailedPrecondition, err.Error(), "COUNTER_ALGORITHM_MISMATCH",
+			map[string]string{"counter": am.Name, "algorithm": am.Algorithm.String()})
 	case errors.Is(err, lease.ErrNotHeld):
 		return withReason(codes.NotFound, err.Error(), "NOT_HELD", nil)
 	case errors.Is(err, lease.ErrLostWhileWaiting):
@@ -77,7 +82,7 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		return withReason(codes.FailedPrecondition, err.Error(), "MAX_HOLD_REACHED", nil)
 	case errors.Is(err, lease.ErrSessionBusy):
 		return withReason(codes.FailedPrecondition, err.Error(), "SESSION_BUSY", nil)
-	case errors.Is(err, lease.ErrRequestIDReused):
+	case errors.Is(err, lease.ErrRequestIDReused), errors.Is(err, counter.ErrRequestIDReused):
 		return withReason(codes.FailedPrecondition, err.Error(), "REQUEST_ID_REUSED", nil)
 	case errors.Is(err, lease.ErrSessionForbidden):
 		return withReason(codes.PermissionDenied, err.Error(), "SESSION_OF_ANOTHER_IDENTITY", nil)
@@ -96,7 +101,7 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		return withReason(codes.OutOfRange, err.Error(), "REVISION_COMPACTED", nil)
 	case errors.Is(err, epoch.ErrPaused):
 		return withReason(codes.Unavailable, err.Error(), "EPOCH_PAUSED", nil, retryAfter(retryEtcd))
-	case errors.Is(err, lease.ErrShuttingDown):
+	case errors.Is(err, lease.ErrShuttingDown), errors.Is(err, counter.ErrShuttingDown):
 		return withReason(codes.Unavailable, err.Error()+"; safe to retry", "SHUTTING_DOWN", nil, retryAfter(retryShutdown))
 	case errors.Is(err, lease.ErrUnavailable):
 		return withReason(codes.Unavailable, err.Error()+"; safe to retry", "ETCD_UNAVAILABLE", nil, retryAfter(retryEtcd))

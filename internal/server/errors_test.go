@@ -26,6 +26,7 @@ import (
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/authz"
+	"github.com/coordinatord/coordinatord/internal/counter"
 	"github.com/coordinatord/coordinatord/internal/epoch"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/keyspace"
@@ -130,6 +131,18 @@ func TestErrorContract(t *testing.T) {
 			reason: "TOO_MANY_MARKS", metadata: map[string]string{"limit": "4", "count": "4"}, retry: retryMarks, quota: "identity:bob"},
 		{name: "fence.ErrTooManyMarks", st: mapped(fmt.Errorf("validate: %w", &fence.TooManyMarksError{Count: 1, Limit: 1})), code: codes.ResourceExhausted,
 			reason: "TOO_MANY_MARKS", metadata: map[string]string{"limit": "1", "count": "1"}, retry: retryMarks, quota: "identity:"},
+
+		// counter: bad input, idempotency, algorithms, availability.
+		{name: "counter.FieldError", st: mapped(&counter.FieldError{Field: "limit", Reason: "must be at least 1"}), code: codes.InvalidArgument,
+			reason: "INVALID_FIELD", metadata: map[string]string{"field": "limit"}, field: "limit"},
+		{name: "counter.AlgorithmMismatchError", st: mapped(&counter.AlgorithmMismatchError{Name: "c", Algorithm: counter.TokenBucket}),
+			code: codes.FailedPrecondition, reason: "COUNTER_ALGORITHM_MISMATCH", metadata: map[string]string{"counter": "c", "algorithm": "token_bucket"}},
+		{name: "counter.ErrRequestIDReused", st: mapped(counter.ErrRequestIDReused), code: codes.FailedPrecondition, reason: "REQUEST_ID_REUSED"},
+		{name: "counter.ErrShuttingDown", st: mapped(counter.ErrShuttingDown), code: codes.Unavailable, reason: "SHUTTING_DOWN", retry: retryShutdown},
+		{name: "counter.ErrUnavailable", st: mapped(fmt.Errorf("%w: counter hit: context deadline exceeded", counter.ErrUnavailable)),
+			code: codes.Unavailable, reason: "ETCD_UNAVAILABLE", retry: retryEtcd},
+		{name: "counter.ErrStoreFull", st: mapped(fmt.Errorf("%w: counter hit: etcdserver: mvcc: database space exceeded", counter.ErrStoreFull)),
+			code: codes.ResourceExhausted, reason: "STORE_FULL", retry: retryStoreFull, quota: "etcd"},
 
 		// The caller's context, etcd's transport, stream failures, the unknown.
 		{name: "context.DeadlineExceeded", st: mapped(fmt.Errorf("lease: join: %w", context.DeadlineExceeded)), code: codes.DeadlineExceeded,

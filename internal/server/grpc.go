@@ -72,6 +72,9 @@ func NewGRPCServer(svc *LockService, log *slog.Logger, opts ...Option) (*grpc.Se
 	gs := grpc.NewServer(all...)
 	coordinatorv1.RegisterLockServiceServer(gs, svc)
 	coordinatorv1.RegisterFenceServiceServer(gs, svc.FenceService())
+	if cs := svc.CounterService(); cs != nil {
+		coordinatorv1.RegisterCounterServiceServer(gs, cs)
+	}
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)

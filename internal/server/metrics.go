@@ -29,6 +29,7 @@ import (
 //	coordinatord_locks_held, coordinatord_lock_waiters   read from etcd at scrape time (see CountLocks)
 //	coordinatord_hold_seconds{outcome}             how long grants were held, by how they ended: released, forced or expired (see GrantEnded)
 //	coordinatord_expirations_total                 grants that expired while held: their lease ran out (see GrantEnded)
+//	coordinatord_counter_hits_total{outcome}       CounterService.Hit calls: allowed, refused, uncounted (FAIL_OPEN), replayed (request_id), or the gRPC code (never the counter's name)
 //	coordinatord_build_info{version,revision,goversion}   always 1: the build serving (internal/version)
 type Metrics struct {
 	rpc          *grpcprom.ServerMetrics
@@ -40,6 +41,7 @@ type Metrics struct {
 	renewals     *prometheus.CounterVec
 	holdSeconds  *prometheus.HistogramVec
 	expirations  prometheus.Counter
+	counterHits  *prometheus.CounterVec
 	reg          prometheus.Registerer
 }
 
@@ -80,9 +82,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Grants that expired while held: the lease ran out (or was revoked) without a release " +
 				"(every lock under the key prefix: aggregate replicas with max(), not sum()).",
 		}),
+		counterHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "coordinatord_counter_hits_total",
+			Help: "CounterService.Hit calls by outcome: allowed, refused, uncounted (FAIL_OPEN while etcd was unavailable), replayed (a request_id's recorded answer), or the gRPC code of an error.",
+		}, outcome),
 		reg: reg,
 	}
-	reg.MustRegister(m.rpc, m.acquisitions, m.grants, m.waitSeconds, m.validations, m.releases, m.renewals, m.holdSeconds, m.expirations, buildInfo())
+	reg.MustRegister(m.rpc, m.acquisitions, m.grants, m.waitSeconds, m.validations, m.releases, m.renewals, m.holdSeconds, m.expirations, m.counterHits, buildInfo())
 	// The usual outcomes start at zero, so that rate() sees their first event.
 	for _, o := range []string{"granted", "not_granted"} {
 		m.acquisitions.WithLabelValues(o)
@@ -98,6 +104,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.releases.WithLabelValues("not_released")
 	m.renewals.WithLabelValues("renewed")
 	m.renewals.WithLabelValues("not_found")
+	for _, o := range []string{"allowed", "refused", "uncounted", "replayed"} {
+		m.counterHits.WithLabelValues(o)
+	}
 	for _, o := range []string{"released", "forced", "expired"} {
 		m.holdSeconds.WithLabelValues(o)
 	}
@@ -233,6 +242,8 @@ func (m *Metrics) lockInterceptor(ctx context.Context, req any, info *grpc.Unary
 			o = "renewed"
 		}
 		m.renewals.WithLabelValues(o).Inc()
+	case coordinatorv1.CounterService_Hit_FullMethodName:
+		m.counterHits.WithLabelValues(hitOutcome(resp, err)).Inc()
 	}
 	return resp, err
 }
@@ -249,4 +260,20 @@ func grantKind(req any) string {
 		return "writer"
 	}
 	return "mutex"
+}
+
+// hitOutcome is the outcome label of a Hit call.
+func hitOutcome(resp any, err error) string {
+	r, ok := resp.(*coordinatorv1.HitResponse)
+	switch {
+	case err != nil || !ok:
+		return codeLabel(status.Code(err))
+	case r.GetUncounted():
+		return "uncounted"
+	case r.GetReplayed():
+		return "replayed"
+	case r.GetAllowed():
+		return "allowed"
+	}
+	return "refused"
 }

@@ -3,7 +3,8 @@
 //
 // One file per RPC group: locks.go (Acquire, Release, KeepAlive, Describe,
 // List), hold.go (Hold), watch.go (Watch), sessions.go (the session calls),
-// admin.go (ForceRelease), fence.go (ValidateToken and the marks). Each
+// admin.go (ForceRelease), fence.go (ValidateToken and the marks), counters.go
+// (CounterService). Each
 // handler adapts its request to the domain call and the result to its
 // response; every error leaves through toStatus (errors.go). The
 // interceptors live one per file: auth.go, ratelimit.go, streams.go,
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/counter"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
@@ -27,18 +29,20 @@ import (
 // LockService implements coordinatorv1.LockServiceServer.
 type LockService struct {
 	coordinatorv1.UnimplementedLockServiceServer
-	leases *lease.Manager
-	fence  *fence.Validator
-	log    *slog.Logger
-	epochs Epochs // WithEpochs
+	leases   *lease.Manager
+	fence    *fence.Validator
+	counters *counter.Service
+	log      *slog.Logger
+	epochs   Epochs // WithEpochs
 }
 
-// NewLockService returns the handlers over the given domain services.
-func NewLockService(l *lease.Manager, f *fence.Validator, log *slog.Logger, opts ...ServiceOption) *LockService {
+// NewLockService returns the handlers over the given domain services (c
+// may be nil: no CounterService).
+func NewLockService(l *lease.Manager, f *fence.Validator, c *counter.Service, log *slog.Logger, opts ...ServiceOption) *LockService {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &LockService{leases: l, fence: f, log: log, epochs: epochZero{}}
+	s := &LockService{leases: l, fence: f, counters: c, log: log, epochs: epochZero{}}
 	for _, o := range opts {
 		o(s)
 	}

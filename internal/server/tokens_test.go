@@ -58,7 +58,7 @@ func TestAcquirePausedMidCallLeavesNoGrant(t *testing.T) {
 	defer mgr.Close()
 	ep := &pausingEpochs{}
 	ep.pauseAt.Store(2) // the check after the grant
-	svc := NewLockService(mgr, fence.New(cli, mgr.Keyspace()), nil, WithEpochs(ep))
+	svc := NewLockService(mgr, fence.New(cli, mgr.Keyspace()), nil, nil, WithEpochs(ep))
 	req := &coordinatorv1.AcquireRequest{Name: "l", Ttl: durationpb.New(30 * time.Second), Wait: durationpb.New(0)}
 	_, err = svc.Acquire(ctx, req)
 	if status.Code(err) != codes.Unavailable || reasonOf(err) != "EPOCH_PAUSED" {

@@ -138,6 +138,10 @@ const (
 	// PERMISSION_DENIED: the identity (metadata["identity"]) authenticated
 	// but the authorization policy does not name it.
 	ErrorReason_ERROR_REASON_IDENTITY_NOT_IN_POLICY ErrorReason = 30
+	// FAILED_PRECONDITION: a hit of one algorithm on a live counter of the
+	// other (metadata["counter"] the name, metadata["algorithm"] the
+	// counter's). Use another name, or Reset the counter.
+	ErrorReason_ERROR_REASON_COUNTER_ALGORITHM_MISMATCH ErrorReason = 40
 	// FAILED_PRECONDITION: the queue of this name admits another number of
 	// holders (AcquireRequest.limit) or is a semaphore asked for in a mode:
 	// metadata["limitInForce"] is the queue's limit, metadata["limit"] the
@@ -191,6 +195,7 @@ var (
 		28: "ERROR_REASON_INTERNAL",
 		29: "ERROR_REASON_ADMIN_ONLY",
 		30: "ERROR_REASON_IDENTITY_NOT_IN_POLICY",
+		40: "ERROR_REASON_COUNTER_ALGORITHM_MISMATCH",
 		60: "ERROR_REASON_LIMIT_MISMATCH",
 		61: "ERROR_REASON_SHARED_HOLDER_CANNOT_FENCE",
 		80: "ERROR_REASON_EPOCH_PAUSED",
@@ -227,6 +232,7 @@ var (
 		"ERROR_REASON_INTERNAL":                    28,
 		"ERROR_REASON_ADMIN_ONLY":                  29,
 		"ERROR_REASON_IDENTITY_NOT_IN_POLICY":      30,
+		"ERROR_REASON_COUNTER_ALGORITHM_MISMATCH":  40,
 		"ERROR_REASON_LIMIT_MISMATCH":              60,
 		"ERROR_REASON_SHARED_HOLDER_CANNOT_FENCE":  61,
 		"ERROR_REASON_EPOCH_PAUSED":                80,
@@ -264,7 +270,7 @@ var File_coordinator_v1_errors_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\x94\t\n" +
+	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\xc1\t\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ERROR_REASON_LOCK_HELD\x10\x01\x12\x1e\n" +
@@ -297,7 +303,8 @@ const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"\x1dERROR_REASON_ETCD_UNAVAILABLE\x10\x1b\x12\x19\n" +
 	"\x15ERROR_REASON_INTERNAL\x10\x1c\x12\x1b\n" +
 	"\x17ERROR_REASON_ADMIN_ONLY\x10\x1d\x12'\n" +
-	"#ERROR_REASON_IDENTITY_NOT_IN_POLICY\x10\x1e\x12\x1f\n" +
+	"#ERROR_REASON_IDENTITY_NOT_IN_POLICY\x10\x1e\x12+\n" +
+	"'ERROR_REASON_COUNTER_ALGORITHM_MISMATCH\x10(\x12\x1f\n" +
 	"\x1bERROR_REASON_LIMIT_MISMATCH\x10<\x12+\n" +
 	"'ERROR_REASON_SHARED_HOLDER_CANNOT_FENCE\x10=\x12\x1d\n" +
 	"\x19ERROR_REASON_EPOCH_PAUSED\x10PBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"

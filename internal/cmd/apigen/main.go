@@ -68,7 +68,7 @@ func run(image, doc, node string) error {
 }
 
 // apiFiles are the API's proto files, in the order the reference shows them.
-var apiFiles = []string{"coordinator/v1/lock.proto", "coordinator/v1/fence.proto", "coordinator/v1/errors.proto"}
+var apiFiles = []string{"coordinator/v1/lock.proto", "coordinator/v1/fence.proto", "coordinator/v1/counter.proto", "coordinator/v1/errors.proto"}
 
 // descriptorSet is the API's files and their imports, each after its
 // imports, as the Go code registered them (no comments).
