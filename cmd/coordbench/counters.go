@@ -284,8 +284,8 @@ func (b *bench) runCounters(progress func(result), rotate func([]string, int) []
 // redisDir is where the Redis peer keeps its append-only file.
 func redisDir(dataDir string) string { return filepath.Join(dataDir, "redis") }
 
-// counterMarkdown is the counter scenario's table and its targets (issue
-// 16): coordinatord at least 0.5x Redis with appendfsync always and at
+// counterMarkdown is the counter scenario's table and its targets:
+// coordinatord at least 0.5x Redis with appendfsync always and at
 // least 10x the naive etcd Txn, for one hot counter and for many.
 func (rp *report) counterMarkdown() string {
 	if !rp.cfg.has(scCounter) {
@@ -293,7 +293,7 @@ func (rp *report) counterMarkdown() string {
 	}
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
-	w("### Counters (issue 16)\n\n%d workers hit fixed-window counters, every hit allowed and written; Redis runs the same fixed window as one script (INCR, then PEXPIRE when the INCR created the key), one connection per worker; the naive etcd client does one compare-and-swap Txn per hit. Redis's CPU shows under \"other\" in the CPU table.\n\n", rp.cfg.counterClients)
+	w("### Counters\n\n%d workers hit fixed-window counters, every hit allowed and written; Redis runs the same fixed window as one script (INCR, then PEXPIRE when the INCR created the key), one connection per worker; the naive etcd client does one compare-and-swap Txn per hit. Redis's CPU shows under \"other\" in the CPU table.\n\n", rp.cfg.counterClients)
 	for _, n := range rp.notes {
 		w("- %s\n", n)
 	}

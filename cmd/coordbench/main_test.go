@@ -137,7 +137,7 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"### Targets", "single-client acquire p50", "40 held locks", "| contended, 3 clients, one name | hand-offs/s |", "etcd linearizable Get",
-		"### Counters (issue 16)", "| 10 | etcd naive Txn per hit |"} {
+		"### Counters", "| 10 | etcd naive Txn per hit |"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("report lacks %q:\n%s", want, md)
 		}
