@@ -46,6 +46,11 @@ for cmd in describe release; complete -C "coordctl $cmd zf/"; end`}
 	for _, tt := range tests {
 		t.Run(tt.shell, func(t *testing.T) {
 			if _, err := exec.LookPath(tt.shell); err != nil {
+				// .ci/run installs zsh and fish and sets
+				// COORDTEST_SHELLS_REQUIRED=1: there a missing shell fails.
+				if os.Getenv("COORDTEST_SHELLS_REQUIRED") == "1" {
+					t.Fatalf("%s is not installed (COORDTEST_SHELLS_REQUIRED=1)", tt.shell)
+				}
 				t.Skipf("%s is not installed", tt.shell)
 			}
 			dir := t.TempDir()
