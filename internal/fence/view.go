@@ -97,9 +97,9 @@ func (h holderSet) inEpoch(e int64) holderSet {
 	if e == 0 {
 		return h
 	}
-	out := holderSet{oldest: keyspace.TokenOf(e, h.oldest)}
-	if h.oldest == 0 {
-		out.oldest = 0
+	var out holderSet
+	if h.oldest != 0 { // 0: free, in every epoch
+		out.oldest = keyspace.TokenOf(e, h.oldest)
 	}
 	if h.all != nil {
 		out.all = tokensIn(e, h.all)
