@@ -52,9 +52,10 @@ func (k EventKind) String() string {
 // WatchEvent is one change of a lock's state.
 type WatchEvent struct {
 	Kind EventKind
-	// Revision is the etcd revision of the change (of the read, for
-	// EventCurrent): pass the last one seen + 1 to WithStartRevision to
-	// resume without a gap or a duplicate.
+	// Revision is the revision of the change (of the read, for
+	// EventCurrent): etcd's, in the token epoch like a token, so it only
+	// goes up, across restores of etcd too. Pass the last one seen + 1 to
+	// WithStartRevision to resume without a gap or a duplicate.
 	Revision int64
 	// Holder is the new holder (EventAcquired, EventCurrent; nil when free)
 	// or the one whose grant ended; its times are zero.
@@ -68,7 +69,9 @@ type watchOptions struct{ startRevision int64 }
 
 // WithStartRevision resumes a watch from revision rev (the last revision
 // seen + 1) instead of starting with the current state. History the
-// coordinator has compacted answers OUT_OF_RANGE.
+// coordinator has compacted, or that a restore of etcd from a backup
+// replaced (reason EPOCH_CHANGED), answers OUT_OF_RANGE: watch again from
+// the current state.
 func WithStartRevision(rev int64) WatchOption {
 	return func(o *watchOptions) { o.startRevision = rev }
 }
@@ -98,8 +101,8 @@ func (c *Client) Watch(ctx context.Context, name string, opts ...WatchOption) (*
 }
 
 // Next waits for the next event. Its errors are gRPC status errors (ctx's
-// end as CANCELED or DEADLINE_EXCEEDED, OUT_OF_RANGE for compacted
-// history, ...), or ErrWatchEnded when the coordinator ended the stream;
+// end as CANCELED or DEADLINE_EXCEEDED, OUT_OF_RANGE for compacted or
+// restored history, ...), or ErrWatchEnded when the coordinator ended the stream;
 // the watch is over after any of them.
 func (w *Watcher) Next() (WatchEvent, error) {
 	ev, err := w.stream.Recv()

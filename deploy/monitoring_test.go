@@ -219,6 +219,7 @@ func TestAlertRules(t *testing.T) {
 		"CoordinatordEtcdUnreachable", "EtcdNoLeader", // etcd unavailable / the replica not ready
 		"CoordinatordValidationFailuresRising", "CoordinatordExpirationsWhileHeld",
 		"EtcdStoreFull", "CoordinatordResourceExhausted", // STORE_FULL and quotas
+		"CoordinatordEpochPaused", "CoordinatordEtcdRestored", // the token epoch: paused, raised after a restore
 	} {
 		if _, ok := alerts[want]; !ok {
 			t.Errorf("no alert %s", want)

@@ -114,6 +114,7 @@ func TestMetricNamesOfAQuery(t *testing.T) {
 		{`histogram_quantile(0.99, sum(rate(grpc_server_handling_seconds_bucket[$__rate_interval])) by (le))`, "grpc_server_handling_seconds_bucket"},
 		{`coordinatord_build_info unless on (namespace, pod) coordinatord_locks_held`, "coordinatord_build_info coordinatord_locks_held"},
 		{`max(a / b) > 1e3 and c offset 5m`, "a b c"},
+		{`sum by (namespace) (increase(r_total[10m])) > 0 or sum by (namespace) (r_total unless r_total offset 10m) > 0`, "r_total"},
 		{`count by (version) (coordinatord_build_info{job=~"(.*/)?x"})`, "coordinatord_build_info"},
 	} {
 		if got := strings.Join(metricNames(tc.q), " "); got != tc.want {

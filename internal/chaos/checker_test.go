@@ -200,22 +200,62 @@ func TestSafeUntilCheckerCatchesEarlyEnds(t *testing.T) {
 	}
 	s := int64(time.Second)
 	for _, tc := range []struct {
+		name     string
+		ops      []chaos.Op
+		bad      int
+		restores []chaos.Restore
+	}{
+		{"after safe_until", []chaos.Op{granted(1, 10, 0, 2*s), granted(2, 12, 3*s, 5*s)}, 0, nil},
+		{"inside safe_until", []chaos.Op{granted(1, 10, 0, 2*s), granted(2, 12, s, 5*s)}, 1, nil},
+		{"inside a renewal's safe_until", []chaos.Op{granted(1, 10, 0, 2*s), renewed(1, 10, s, 3*s), granted(2, 12, 5*s/2, 5*s)}, 1, nil},
+		{"after a release", []chaos.Op{granted(1, 10, 0, 2*s), released(1, 10, s/2, chaos.OK), granted(2, 12, s, 5*s)}, 0, nil},
+		{"released only after the later grant", []chaos.Op{granted(1, 10, 0, 2*s), granted(2, 12, s, 5*s), released(1, 10, 3*s/2, chaos.Failed)}, 1, nil},
+		{"after an ambiguous release", []chaos.Op{granted(1, 10, 0, 2*s), released(1, 10, s/2, chaos.Ambiguous), granted(2, 12, s, 5*s)}, 0, nil},
+		{"after someone else's release", []chaos.Op{granted(1, 10, 0, 2*s), released(3, 10, s/2, chaos.Failed), granted(2, 12, s, 5*s)}, 1, nil},
+		{"a retry's answer of the same grant", []chaos.Op{granted(1, 10, 0, 2*s), granted(1, 10, s, 3*s)}, 0, nil},
+		{"another name", []chaos.Op{granted(1, 10, 0, 2*s), {Client: 2, Name: "y", Kind: chaos.Acquire, Token: 12, Outcome: chaos.OK, Return: s, SafeUntil: 5 * s}}, 0, nil},
+		{"a restore between them", []chaos.Op{granted(1, 10, 0, 2*s), granted(2, 12, s, 5*s)}, 0, []chaos.Restore{{Start: s / 4, End: s / 2}}},
+		{"a restore before both", []chaos.Op{granted(1, 10, s/2, 2*s), granted(2, 12, s, 5*s)}, 1, []chaos.Restore{{Start: s / 8, End: s / 4}}},
+		{"a restore after both", []chaos.Op{granted(1, 10, 0, 2*s), granted(2, 12, s, 5*s)}, 1, []chaos.Restore{{Start: 3 * s / 2, End: 2 * s}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if bad := chaos.CheckSafeUntil(tc.ops, tc.restores...); len(bad) != tc.bad {
+				t.Fatalf("%d violations, want %d: %v", len(bad), tc.bad, bad)
+			}
+		})
+	}
+}
+
+// TestRestoreCheckerCatchesOldTokens: after a restore began, an OK answer
+// about a token granted before it, or a grant not above every earlier
+// token, is reported; negative answers, and answers before the restore,
+// are not.
+func TestRestoreCheckerCatchesOldTokens(t *testing.T) {
+	s := int64(time.Second)
+	granted := func(name string, tok, call int64) chaos.Op {
+		return chaos.Op{Name: name, Kind: chaos.Acquire, Token: tok, Outcome: chaos.OK, Call: call, Return: call + 1}
+	}
+	on := func(k chaos.Kind, tok, call int64, out chaos.Outcome) chaos.Op {
+		return chaos.Op{Name: "x", Kind: k, Token: tok, Outcome: out, Call: call, Return: call + 1}
+	}
+	restore := []chaos.Restore{{Start: 2 * s, End: 3 * s}}
+	next := int64(1)<<48 + 5
+	for _, tc := range []struct {
 		name string
 		ops  []chaos.Op
 		bad  int
 	}{
-		{"after safe_until", []chaos.Op{granted(1, 10, 0, 2*s), granted(2, 12, 3*s, 5*s)}, 0},
-		{"inside safe_until", []chaos.Op{granted(1, 10, 0, 2*s), granted(2, 12, s, 5*s)}, 1},
-		{"inside a renewal's safe_until", []chaos.Op{granted(1, 10, 0, 2*s), renewed(1, 10, s, 3*s), granted(2, 12, 5*s/2, 5*s)}, 1},
-		{"after a release", []chaos.Op{granted(1, 10, 0, 2*s), released(1, 10, s/2, chaos.OK), granted(2, 12, s, 5*s)}, 0},
-		{"released only after the later grant", []chaos.Op{granted(1, 10, 0, 2*s), granted(2, 12, s, 5*s), released(1, 10, 3*s/2, chaos.Failed)}, 1},
-		{"after an ambiguous release", []chaos.Op{granted(1, 10, 0, 2*s), released(1, 10, s/2, chaos.Ambiguous), granted(2, 12, s, 5*s)}, 0},
-		{"after someone else's release", []chaos.Op{granted(1, 10, 0, 2*s), released(3, 10, s/2, chaos.Failed), granted(2, 12, s, 5*s)}, 1},
-		{"a retry's answer of the same grant", []chaos.Op{granted(1, 10, 0, 2*s), granted(1, 10, s, 3*s)}, 0},
-		{"another name", []chaos.Op{granted(1, 10, 0, 2*s), {Client: 2, Name: "y", Kind: chaos.Acquire, Token: 12, Outcome: chaos.OK, Return: s, SafeUntil: 5 * s}}, 0},
+		{"refused after", []chaos.Op{granted("x", 10, s), on(chaos.Validate, 10, 4*s, chaos.Failed), on(chaos.KeepAlive, 10, 4*s, chaos.Failed)}, 0},
+		{"valid before", []chaos.Op{granted("x", 10, s), on(chaos.Validate, 10, 3*s/2, chaos.OK)}, 0},
+		{"valid after", []chaos.Op{granted("x", 10, s), on(chaos.Validate, 10, 4*s, chaos.OK)}, 1},
+		{"valid during", []chaos.Op{granted("x", 10, s), on(chaos.ValidateResource, 10, 5*s/2, chaos.OK)}, 1},
+		{"renewed after", []chaos.Op{granted("x", 10, s), on(chaos.KeepAlive, 10, 4*s, chaos.OK)}, 1},
+		{"released after", []chaos.Op{granted("x", 10, s), on(chaos.Release, 10, 4*s, chaos.OK)}, 1},
+		{"a new epoch's token", []chaos.Op{granted("x", 10, s), granted("x", next, 4*s), on(chaos.Validate, next, 5*s, chaos.OK)}, 0},
+		{"a token not above the old ones", []chaos.Op{granted("x", 10, s), granted("y", 20, s), granted("x", 15, 4*s)}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if bad := chaos.CheckSafeUntil(tc.ops); len(bad) != tc.bad {
+			if bad := chaos.CheckRestores(tc.ops, restore); len(bad) != tc.bad {
 				t.Fatalf("%d violations, want %d: %v", len(bad), tc.bad, bad)
 			}
 		})

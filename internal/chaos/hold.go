@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
@@ -29,7 +31,7 @@ func (c *Client) holdRound(ctx context.Context) {
 	op := Op{Client: c.id, Name: c.name, Kind: Acquire, Call: c.w.Rec.Now()}
 	st, err := c.LC().Hold(sctx)
 	if err == nil {
-		err = st.Send(&coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Acquire{Acquire: &coordinatorv1.HoldAcquire{
+		err = send(st, &coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Acquire{Acquire: &coordinatorv1.HoldAcquire{
 			Request: &coordinatorv1.AcquireRequest{Name: c.name, Ttl: durationpb.New(c.w.TTL), Wait: durationpb.New(c.w.Wait),
 				Owner: fmt.Sprintf("client-%d", c.id), RequestId: RequestID()},
 		}}})
@@ -53,7 +55,7 @@ func (c *Client) holdRound(ctx context.Context) {
 			break
 		}
 		hb := Op{Client: c.id, Name: c.name, Kind: KeepAlive, Token: tok, Call: c.w.Rec.Now()}
-		err := st.Send(&coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Heartbeat{Heartbeat: &coordinatorv1.HoldHeartbeat{}}})
+		err := send(st, &coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Heartbeat{Heartbeat: &coordinatorv1.HoldHeartbeat{}}})
 		if err == nil {
 			m, err = st.Recv()
 		}
@@ -69,7 +71,7 @@ func (c *Client) holdRound(ctx context.Context) {
 		time.Sleep(time.Duration(c.rng.IntN(100)) * time.Millisecond)
 	}
 	rel := Op{Client: c.id, Name: c.name, Kind: Release, Token: tok, Call: c.w.Rec.Now()}
-	err = st.Send(&coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Release{Release: &coordinatorv1.HoldRelease{}}})
+	err = send(st, &coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Release{Release: &coordinatorv1.HoldRelease{}}})
 	if err == nil {
 		m, err = st.Recv()
 	}
@@ -82,4 +84,16 @@ func (c *Client) holdRound(ctx context.Context) {
 		c.record(rel, reply{out: Failed}, nil)
 	}
 	_ = st.CloseSend()
+}
+
+// send sends req on st. When the server has ended the stream, gRPC's Send
+// answers io.EOF, and what the server said last (a Lost, the stream's
+// status) is for the caller's next Recv to read: send then answers nil (a
+// Hold ended by a change of the token epoch recorded a bare "EOF", which
+// the answer checker took for UNKNOWN).
+func send(st grpc.BidiStreamingClient[coordinatorv1.HoldRequest, coordinatorv1.HoldResponse], req *coordinatorv1.HoldRequest) error {
+	if err := st.Send(req); !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
 }

@@ -63,6 +63,9 @@ type run struct {
 	after time.Duration
 	// kinds makes names semaphores or read-write locks (Workload.Kinds).
 	kinds map[string]chaos.NameKind
+	// restores, if set, is where the fault records its restores of etcd
+	// from a backup, for the checkers (CheckRestores, CheckSafeUntil).
+	restores *[]chaos.Restore
 }
 
 type result struct {
@@ -101,7 +104,11 @@ func (r run) exec(t *testing.T, e *chaos.Env, fault func(ctx context.Context, w 
 	time.Sleep(time.Until(end))
 	cancel()
 	<-done
-	res := check(t, w, r.wantStale)
+	var restores []chaos.Restore
+	if r.restores != nil {
+		restores = *r.restores
+	}
+	res := check(t, w, r.wantStale, restores...)
 	survived(t, e)
 	return res
 }
@@ -156,7 +163,7 @@ func warnings(rs []*chaos.Replica) map[string]int {
 	return all
 }
 
-func check(t *testing.T, w *chaos.Workload, wantStale bool) result {
+func check(t *testing.T, w *chaos.Workload, wantStale bool, restores ...chaos.Restore) result {
 	t.Helper()
 	ops := w.Rec.Ops()
 	v := chaos.CheckLinearizable(ops, 2*time.Minute)
@@ -179,12 +186,14 @@ func check(t *testing.T, w *chaos.Workload, wantStale bool) result {
 	}
 	// The promises every scenario keeps, whatever the fault: a grant is
 	// never taken away inside its safe_until, and no call answers INTERNAL
-	// or UNKNOWN.
+	// or UNKNOWN; and across a restore of etcd from a backup, no token of
+	// before it is good after it.
 	for _, c := range []struct {
 		what string
 		bad  []string
 	}{
-		{"grants taken away inside their safe_until", chaos.CheckSafeUntil(ops)},
+		{"grants taken away inside their safe_until", chaos.CheckSafeUntil(ops, restores...)},
+		{"tokens across a restore", chaos.CheckRestores(ops, restores)},
 		{"calls answered INTERNAL or UNKNOWN", chaos.CheckAnswers(ops)},
 		{"Watch streams", wr.Violations},
 	} {

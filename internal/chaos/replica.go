@@ -16,6 +16,8 @@ import (
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/coordinator"
+	"github.com/coordinatord/coordinatord/internal/epoch"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
 )
@@ -147,12 +149,13 @@ func (r *Replica) Restart() error {
 		}
 		r.lc = coordinatorv1.NewLockServiceClient(r.conn)
 	}
-	// The lock-end watch, as the daemon runs it (for its metrics).
+	// The lock-end watch, as the daemon runs it (for its metrics; started
+	// over when the token epoch changes).
 	ectx, ecancel := context.WithCancel(context.Background())
 	edone := make(chan struct{})
 	go func() {
 		defer close(edone)
-		_ = c.Leases().WatchEnds(ectx, 0, func(e lease.GrantEnd) {
+		_ = c.WatchEnds(ectx, 0, func(e lease.GrantEnd) {
 			r.endsMu.Lock()
 			r.ends = append(r.ends, e)
 			r.endsMu.Unlock()
@@ -164,8 +167,10 @@ func (r *Replica) Restart() error {
 }
 
 // SawEnd tells whether the replica's lock-end watch reported the end of
-// the grant (name, token).
+// the grant (name, token); token is the wire's (keyspace.TokenOf), the
+// lock-end watch speaks create revisions.
 func (r *Replica) SawEnd(name string, token int64) bool {
+	_, token = keyspace.SplitToken(token)
 	r.endsMu.Lock()
 	defer r.endsMu.Unlock()
 	for _, e := range r.ends {
@@ -181,6 +186,17 @@ func (r *Replica) Following() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.running && r.coord.Fence().Following()
+}
+
+// Epoch is the replica's token epoch keeper's state (zero when it is not
+// running).
+func (r *Replica) Epoch() epoch.State {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.running {
+		return epoch.State{}
+	}
+	return r.coord.Epochs().Status()
 }
 
 // Running tells whether the replica serves (it was not crashed).

@@ -115,15 +115,47 @@ func TestCancelledWaiterStorm(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	v, err := lcs[1].ValidateToken(ctx, &coordinatorv1.ValidateTokenRequest{Name: "storm", Token: g.GetToken()})
+	// etcd may change leader in the storm's wake; UNAVAILABLE is the
+	// contract's "safe to retry", so the checks below retry it as a client would.
+	var v *coordinatorv1.ValidateTokenResponse
+	err = untilAvailable(t, func() (err error) {
+		v, err = lcs[1].ValidateToken(ctx, &coordinatorv1.ValidateTokenRequest{Name: "storm", Token: g.GetToken()})
+		return err
+	})
 	if err != nil || !v.GetValid() {
 		t.Fatalf("the holder lost the lock in the storm: %v %v", v, err)
 	}
-	if r, err := lcs[0].Release(ctx, &coordinatorv1.ReleaseRequest{Name: "storm", Token: g.GetToken(), Handle: g.GetHandle()}); err != nil || !r.GetReleased() {
+	retried := false
+	var r *coordinatorv1.ReleaseResponse
+	err = untilAvailable(t, func() (err error) {
+		r, err = lcs[0].Release(ctx, &coordinatorv1.ReleaseRequest{Name: "storm", Token: g.GetToken(), Handle: g.GetHandle()})
+		retried = retried || status.Code(err) == codes.Unavailable
+		return err
+	})
+	// A retried release whose first attempt landed answers released=false.
+	if err != nil || (!r.GetReleased() && !retried) {
 		t.Fatalf("release: %v %v", r, err)
 	}
-	if _, err := lcs[1].Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "storm", Ttl: durationpb.New(5 * time.Second), Wait: durationpb.New(0)}); err != nil {
+	if err := untilAvailable(t, func() error {
+		_, err := lcs[1].Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "storm", Ttl: durationpb.New(5 * time.Second), Wait: durationpb.New(0)})
+		return err
+	}); err != nil {
 		t.Fatalf("try-lock after the storm: %v", err)
+	}
+}
+
+// untilAvailable calls f until it answers something other than
+// UNAVAILABLE, for at most 30 s, and returns its last error.
+func untilAvailable(t *testing.T, f func() error) error {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := f()
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			return err
+		}
+		t.Logf("retrying after %v", err)
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

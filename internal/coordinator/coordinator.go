@@ -105,7 +105,8 @@ func New(etcd clientv3.Config, opts ...Option) (*Coordinator, error) {
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
 	}
-	cli, err := clientv3.New(etcd)
+	var seen witness
+	cli, err := clientv3.New(seen.config(etcd))
 	if err != nil {
 		return nil, fmt.Errorf("etcd client for %v: %w", etcd.Endpoints, err)
 	}
@@ -120,6 +121,7 @@ func New(etcd clientv3.Config, opts ...Option) (*Coordinator, error) {
 		epochOpts = append(epochOpts, epoch.WithInterval(o.epoch))
 	}
 	c.ep = epoch.New(cli, mgr.Keyspace(), epochOpts...)
+	seen.keeper.Store(c.ep)
 	c.val = fence.New(cli, mgr.Keyspace(), append([]fence.Option{fence.WithEpochs(c.ep)}, o.fence...)...)
 	c.cnt = counter.New(cli, append([]counter.Option{counter.WithKeyPrefix(mgr.Keyspace().Prefix()), counter.WithLogger(o.log)}, o.counter...)...)
 	c.gs, c.hs = server.NewGRPCServer(server.NewLockService(mgr, c.val, c.cnt, o.log, server.WithEpochs(c.ep)), o.log, o.server...)

@@ -22,7 +22,7 @@ import (
 // assemble builds the coordinator (coordinator.New) from cfg: its etcd
 // client, the lease manager's caps, the validator's mark limit, and the gRPC
 // server's metrics, credentials, authorization and limits; then probes etcd
-// through it and counts locks for the metrics.
+// through it and counts locks and the token epoch for the metrics.
 func (d *Daemon) assemble(ctx context.Context) error {
 	cfg := d.cfg
 	etcdCfg, err := d.etcdClientConfig()
@@ -50,6 +50,7 @@ func (d *Daemon) assemble(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	d.reg.MustRegister(epochCollector{status: d.coord.Epochs().Status})
 	if err := d.probeEtcd(ctx); err != nil {
 		return err
 	}

@@ -30,11 +30,16 @@ type observation struct {
 func (k *Keeper) check(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, k.timeout())
 	defer cancel()
+	// Only what was answered before the read starts bounds it from below:
+	// a write answered while the read is in flight may be after it.
+	k.mu.Lock()
+	seen := k.maxRev
+	k.mu.Unlock()
 	obs, err := k.observe(ctx)
 	if err != nil {
 		return err
 	}
-	if reason := k.restored(obs); reason != "" {
+	if reason := k.restored(obs, seen); reason != "" {
 		k.log.Warn("epoch: etcd was restored from a backup; raising the token epoch", "reason", reason, "epoch", obs.rec.Epoch)
 		k.pause("etcd was restored: " + reason)
 		return k.bump(ctx, obs, reason)
@@ -114,10 +119,11 @@ func (k *Keeper) raftPosition(ctx context.Context) (index, term uint64, err erro
 	return index, term, nil
 }
 
-// restored says why obs shows a restore, or "" if it does not.
-func (k *Keeper) restored(obs observation) string {
+// restored says why obs shows a restore, or "" if it does not. maxRev is
+// the greatest revision read or witnessed before obs was read.
+func (k *Keeper) restored(obs observation, maxRev int64) string {
 	k.mu.Lock()
-	epoch, maxRev, beaconMR := k.epoch, k.maxRev, k.beaconMR
+	epoch, beaconMR := k.epoch, k.beaconMR
 	k.mu.Unlock()
 	switch {
 	case obs.rec.Epoch < epoch:
@@ -159,6 +165,9 @@ func (k *Keeper) adopt(epoch, rev, beaconMR int64) {
 	from := k.epoch
 	if epoch != from {
 		k.maxRev, k.beaconMR = 0, 0
+		k.gen.Add(1)
+		close(k.changed)
+		k.changed = make(chan struct{})
 	}
 	k.epoch, k.maxRev, k.beaconMR = epoch, max(k.maxRev, rev), max(k.beaconMR, beaconMR)
 	k.mu.Unlock()

@@ -79,8 +79,10 @@ type Keeper struct {
 	until  time.Time // open only until then: the last successful check's start + validity()
 	// What this replica saw of etcd's history in this epoch: a restore takes
 	// them back.
-	maxRev   int64 // the greatest revision a check read
-	beaconMR int64 // the beacon's mod revision, as last read or written
+	maxRev   int64         // the greatest revision a check read or an answer was witnessed at
+	beaconMR int64         // the beacon's mod revision, as last read or written
+	changed  chan struct{} // closed when the epoch changes (then replaced)
+	gen      atomic.Uint64 // epochs adopted (Witness ignores answers to calls from before one)
 
 	checkMu sync.Mutex   // one check at a time
 	started atomic.Int64 // checks started
@@ -106,7 +108,7 @@ func OnBump(f func(epoch int64)) Option { return func(k *Keeper) { k.onBump = f 
 // check (Check or Run).
 func New(cli *clientv3.Client, ks keyspace.Keyspace, opts ...Option) *Keeper {
 	k := &Keeper{cli: cli, ks: ks, log: slog.New(slog.DiscardHandler), every: DefaultInterval,
-		paused: "etcd not checked yet"}
+		paused: "etcd not checked yet", changed: make(chan struct{})}
 	for _, o := range opts {
 		o(k)
 	}
@@ -169,6 +171,58 @@ func (k *Keeper) Epoch(ctx context.Context, at int64) (int64, error) {
 	}
 	return epoch, nil
 }
+
+// Generation counts the epochs this Keeper adopted: read it when an etcd
+// call starts, and pass it to Witness with the revision of the answer.
+func (k *Keeper) Generation() uint64 { return k.gen.Load() }
+
+// Witness records that etcd answered, at revision rev, a call that started
+// at generation gen. A check that then reads a revision below every one
+// witnessed in the epoch has found a restore: so the tokens this replica
+// granted, and the answers it gave, since its last check count too (a
+// restore to a snapshot taken after that check, without a bump, was
+// otherwise found only by the raft index, which a short history does not
+// move enough). An answer to a call from before the epoch changed is of the
+// old history and does not count.
+func (k *Keeper) Witness(gen uint64, rev int64) {
+	if rev <= 0 {
+		return
+	}
+	k.mu.Lock()
+	if gen == k.gen.Load() && rev > k.maxRev {
+		k.maxRev = rev
+	}
+	k.mu.Unlock()
+}
+
+// Changed is closed once the current epoch is no longer epoch (at once if
+// it is not now): what follows etcd's history of epoch (a Watch stream)
+// ends there, since the history it follows was replaced by a restore.
+func (k *Keeper) Changed(epoch int64) <-chan struct{} {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.epoch != epoch {
+		return closedChan
+	}
+	return k.changed
+}
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// ErrChanged matches every *ChangedError.
+var ErrChanged = errors.New("epoch: the token epoch changed")
+
+// ChangedError says that what a caller follows or resumes is of token
+// epoch From, and the current epoch is To: etcd was restored from a backup
+// and the history of From is gone. Start over from the current state.
+type ChangedError struct{ From, To int64 }
+
+func (e *ChangedError) Error() string {
+	return fmt.Sprintf("epoch: etcd was restored from a backup: the history of token epoch %d is gone, the current epoch is %d; start over from the current state (start_revision 0)", e.From, e.To)
+}
+
+// Is makes errors.Is(err, ErrChanged) hold.
+func (e *ChangedError) Is(target error) bool { return target == ErrChanged }
 
 // Check checks etcd's history once: a restore found raises the epoch before
 // Check returns. On an error the Keeper stays (or becomes) paused until a

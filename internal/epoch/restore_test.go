@@ -30,10 +30,13 @@ type coord struct {
 
 const prefix = "/r/"
 
-func startCoord(t *testing.T, m *member) *coord {
+// startCoord starts a coordinator over m (its keeper checks every 100 ms
+// unless opts say otherwise).
+func startCoord(t *testing.T, m *member, opts ...coordinator.Option) *coord {
 	t.Helper()
-	c, err := coordinator.New(m.clientConfig(), coordinator.WithLease(lease.WithKeyPrefix(prefix)),
-		coordinator.WithEpochInterval(100*time.Millisecond))
+	opts = append([]coordinator.Option{coordinator.WithLease(lease.WithKeyPrefix(prefix)),
+		coordinator.WithEpochInterval(100 * time.Millisecond)}, opts...)
+	c, err := coordinator.New(m.clientConfig(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,6 @@
 // Package opshttp serves the operator endpoints over HTTP: Prometheus
 // metrics (/metrics), liveness (/healthz) and readiness (/readyz, which
-// follows a periodic etcd probe).
+// follows a periodic probe: the daemon's checks etcd and the token epoch).
 package opshttp
 
 import (
@@ -14,8 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Readiness tracks whether the coordinator can serve: etcd answered the
-// last probe, recently, and the coordinator is not shutting down.
+// Readiness tracks whether the coordinator can serve: the last probe
+// succeeded, recently, and the coordinator is not shutting down.
 type Readiness struct {
 	interval, timeout time.Duration
 	probe             func(context.Context) error
@@ -82,17 +82,18 @@ func (r *Readiness) Ready() (bool, string) {
 	case r.stopping:
 		return false, "shutting down"
 	case r.at.IsZero():
-		return false, "etcd not probed yet"
+		return false, "not probed yet"
 	case !r.ok:
-		return false, fmt.Sprintf("etcd probe failed: %v", r.lastErr)
+		return false, r.lastErr.Error() // the probe's error says why
 	case time.Since(r.at) > 3*r.interval+r.timeout:
-		return false, "etcd probe is stale"
+		return false, "the last probe is stale"
 	}
 	return true, "ok"
 }
 
 // Handler serves /metrics from g, /healthz (200 while the process runs) and
-// /readyz (200 when r is ready, else 503 with the reason).
+// /readyz (200 when r is ready, else 503 with the reason: the probe's
+// error).
 func Handler(g prometheus.Gatherer, r *Readiness) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))

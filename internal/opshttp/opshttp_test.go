@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,13 +19,15 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+var errDown = errors.New("etcd down")
+
 func TestReadinessFollowsTheProbe(t *testing.T) {
 	var failing atomic.Bool
 	var mu sync.Mutex
 	var changes []bool
 	r := opshttp.NewReadiness(5*time.Millisecond, time.Second, func(context.Context) error {
 		if failing.Load() {
-			return errors.New("etcd down")
+			return errDown
 		}
 		return nil
 	}, func(ok bool) { mu.Lock(); changes = append(changes, ok); mu.Unlock() })
@@ -52,6 +55,11 @@ func TestReadinessFollowsTheProbe(t *testing.T) {
 	eventually("not ready after a good probe", func() bool { return get("/readyz") == http.StatusOK })
 	failing.Store(true)
 	eventually("still ready after a failed probe", func() bool { return get("/readyz") == http.StatusServiceUnavailable })
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if w.Code == http.StatusServiceUnavailable && !strings.Contains(w.Body.String(), errDown.Error()) {
+		t.Fatalf("/readyz body %q does not give the probe's error %q", w.Body.String(), errDown)
+	}
 	if get("/healthz") != http.StatusOK {
 		t.Fatal("/healthz not 200 while etcd is down")
 	}

@@ -17,6 +17,9 @@ func (s *LockService) ForceRelease(ctx context.Context, req *coordinatorv1.Force
 		return &coordinatorv1.ForceReleaseResponse{Released: false}, nil
 	}
 	ok, err := s.leases.ForceRelease(ctx, req.GetName(), rev)
+	if err == nil {
+		err = s.unchanged(ctx, req.GetToken())
+	}
 	if err != nil {
 		return nil, s.fail(ctx, "ForceRelease", err)
 	}

@@ -44,6 +44,7 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		lm *lease.LimitMismatchError
 		sh *fence.SharedHolderError
 		am *counter.AlgorithmMismatchError
+		ec *epoch.ChangedError
 	)
 	switch {
 	case errors.As(err, &se):
@@ -99,6 +100,11 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 			retryAfter(retryLocks), quota(identitySubject(ctx), "locks held or waited for by this identity (--max-locks-per-identity)"))
 	case errors.Is(err, lease.ErrCompacted):
 		return withReason(codes.OutOfRange, err.Error(), "REVISION_COMPACTED", nil)
+	case errors.As(err, &ec):
+		return withReason(codes.OutOfRange, err.Error(), "EPOCH_CHANGED",
+			map[string]string{"epoch": strconv.FormatInt(ec.From, 10), "currentEpoch": strconv.FormatInt(ec.To, 10)})
+	case errors.Is(err, epoch.ErrChanged):
+		return withReason(codes.OutOfRange, err.Error(), "EPOCH_CHANGED", nil)
 	case errors.Is(err, epoch.ErrPaused):
 		return withReason(codes.Unavailable, err.Error(), "EPOCH_PAUSED", nil, retryAfter(retryEtcd))
 	case errors.Is(err, lease.ErrShuttingDown), errors.Is(err, counter.ErrShuttingDown):

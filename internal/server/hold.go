@@ -113,6 +113,9 @@ func (h *hold) obtain(ctx context.Context, first *coordinatorv1.HoldRequest) err
 			return err
 		}
 		h.g, err = h.s.leases.Resume(ctx, r.GetName(), rev, r.GetHandle(), h.as...)
+		if err == nil {
+			err = h.s.unchanged(ctx, r.GetToken())
+		}
 		h.token, h.release = r.GetToken(), r.GetReleaseOnDisconnect()
 		if err != nil {
 			return err
@@ -195,6 +198,9 @@ func (h *hold) heartbeat(ctx context.Context, ended chan lease.EndReason) (done 
 	case err != nil:
 		return true, err
 	}
+	if err := h.s.unchanged(ctx, h.token); err != nil { // renewed across a restore: not the grant held
+		return true, err
+	}
 	if err := h.stream.Send(&coordinatorv1.HoldResponse{Event: &coordinatorv1.HoldResponse_Renewed{Renewed: renewalPB(r)}}); err != nil {
 		return true, streamErr(err)
 	}
@@ -210,6 +216,9 @@ func (h *hold) releaseNow(ctx context.Context) error {
 	ok := false
 	if e == h.epoch {
 		if ok, err = h.s.leases.Release(ctx, h.g.Name, h.g.Token, h.g.Handle, h.as...); err != nil {
+			return err
+		}
+		if err := h.s.unchanged(ctx, h.token); err != nil {
 			return err
 		}
 	}

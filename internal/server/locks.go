@@ -124,6 +124,9 @@ func (s *LockService) Release(ctx context.Context, req *coordinatorv1.ReleaseReq
 		return &coordinatorv1.ReleaseResponse{Released: false}, nil
 	}
 	ok, err := s.leases.Release(ctx, req.GetName(), rev, req.GetHandle(), callOptions(ctx)...)
+	if err == nil {
+		err = s.unchanged(ctx, req.GetToken())
+	}
 	if err != nil {
 		return nil, s.fail(ctx, "Release", err)
 	}
@@ -140,6 +143,9 @@ func (s *LockService) KeepAlive(ctx context.Context, req *coordinatorv1.KeepAliv
 		return nil, s.fail(ctx, "KeepAlive", err)
 	}
 	r, err := s.leases.KeepAlive(ctx, req.GetName(), rev, req.GetHandle(), callOptions(ctx)...)
+	if err == nil {
+		err = s.unchanged(ctx, req.GetToken())
+	}
 	if err != nil {
 		return nil, s.fail(ctx, "KeepAlive", err)
 	}

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/coordinatord/coordinatord/internal/epoch"
 	"github.com/coordinatord/coordinatord/internal/keyspace"
@@ -20,6 +21,8 @@ import (
 type Epochs interface {
 	Epoch(ctx context.Context, at int64) (int64, error)
 	Status() epoch.State
+	// Changed is closed once the epoch is no longer the given one.
+	Changed(epoch int64) <-chan struct{}
 }
 
 // ServiceOption configures NewLockService.
@@ -34,6 +37,8 @@ type epochZero struct{}
 func (epochZero) Epoch(context.Context, int64) (int64, error) { return 0, nil }
 
 func (epochZero) Status() epoch.State { return epoch.State{} }
+
+func (epochZero) Changed(int64) <-chan struct{} { return nil }
 
 // epoch is the current epoch, or why none may be used now.
 func (s *LockService) epoch(ctx context.Context) (int64, error) { return s.epochs.Epoch(ctx, 0) }
@@ -57,6 +62,22 @@ func (s *LockService) revisionOf(ctx context.Context, token int64) (int64, bool,
 	}
 	te, rev := keyspace.SplitToken(token)
 	return rev, te == e, nil
+}
+
+// unchanged is nil while the current epoch is still token's: checked after
+// a call's etcd work, whose success must not be answered if the epoch
+// paused or changed meanwhile (etcd went away during the call and may have
+// come back restored, with the grant's key back from the snapshot: a
+// release, a renewal there is not of the grant the caller held).
+func (s *LockService) unchanged(ctx context.Context, token int64) error {
+	e, err := s.epoch(ctx)
+	if err != nil {
+		return err
+	}
+	if te, _ := keyspace.SplitToken(token); te != e {
+		return &epoch.PausedError{Reason: fmt.Sprintf("the token epoch changed from %d to %d during the call", te, e)}
+	}
+	return nil
 }
 
 // wireErr puts the wire token of the holder into a refusal.

@@ -33,6 +33,8 @@ func (p *pausingEpochs) Epoch(context.Context, int64) (int64, error) {
 
 func (*pausingEpochs) Status() epoch.State { return epoch.State{} }
 
+func (*pausingEpochs) Changed(int64) <-chan struct{} { return nil }
+
 // TestAcquirePausedMidCallLeavesNoGrant: the token epoch pauses between
 // the start of an Acquire and its grant (a check of etcd's history failed,
 // or a restore was found). The call answers UNAVAILABLE, EPOCH_PAUSED, and
@@ -41,26 +43,10 @@ func (*pausingEpochs) Status() epoch.State { return epoch.State{} }
 func TestAcquirePausedMidCallLeavesNoGrant(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e, err := embedetcd.Start(ctx, t.TempDir(), embedetcd.WithFastElection())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	mgr, err := lease.New(cli, lease.WithKeyPrefix("/paused/"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mgr.Close()
-	ep := &pausingEpochs{}
+	svc, ep := pausingService(t, ctx)
 	ep.pauseAt.Store(2) // the check after the grant
-	svc := NewLockService(mgr, fence.New(cli, mgr.Keyspace()), nil, nil, WithEpochs(ep))
 	req := &coordinatorv1.AcquireRequest{Name: "l", Ttl: durationpb.New(30 * time.Second), Wait: durationpb.New(0)}
-	_, err = svc.Acquire(ctx, req)
+	_, err := svc.Acquire(ctx, req)
 	if status.Code(err) != codes.Unavailable || reasonOf(err) != "EPOCH_PAUSED" {
 		t.Fatalf("Acquire paused mid-call: %v; want UNAVAILABLE, EPOCH_PAUSED", err)
 	}
@@ -70,6 +56,29 @@ func TestAcquirePausedMidCallLeavesNoGrant(t *testing.T) {
 	}
 }
 
+// pausingService is a LockService over a fresh embedded etcd whose epoch
+// pauses as its pausingEpochs says (stopped at the test's end).
+func pausingService(t *testing.T, ctx context.Context) (*LockService, *pausingEpochs) {
+	t.Helper()
+	e, err := embedetcd.Start(ctx, t.TempDir(), embedetcd.WithFastElection())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	mgr, err := lease.New(cli, lease.WithKeyPrefix("/paused/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mgr.Close)
+	ep := &pausingEpochs{}
+	return NewLockService(mgr, fence.New(cli, mgr.Keyspace()), nil, nil, WithEpochs(ep)), ep
+}
+
 func reasonOf(err error) string {
 	for _, d := range status.Convert(err).Details() {
 		if info, ok := d.(interface{ GetReason() string }); ok {
@@ -77,4 +86,48 @@ func reasonOf(err error) string {
 		}
 	}
 	return ""
+}
+
+// TestReleaseAndRenewalPausedMidCallAnswerUnavailable: the token epoch
+// pauses while a Release or a KeepAlive is at etcd (etcd went away and may
+// come back restored: the chaos suite's restore scenario saw a Release
+// called before the restore, retried into the restored history, delete the
+// key of a holder that came back with the snapshot and answer
+// released=true for a token superseded before the restore). Neither call
+// answers its success across the pause: UNAVAILABLE, EPOCH_PAUSED.
+func TestReleaseAndRenewalPausedMidCallAnswerUnavailable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	svc, ep := pausingService(t, ctx)
+	for _, tc := range []struct {
+		name string
+		call func(g *coordinatorv1.AcquireResponse) error
+	}{
+		{"release", func(g *coordinatorv1.AcquireResponse) error {
+			_, err := svc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: "l", Token: g.GetToken(), Handle: g.GetHandle()})
+			return err
+		}},
+		{"renewal", func(g *coordinatorv1.AcquireResponse) error {
+			_, err := svc.KeepAlive(ctx, &coordinatorv1.KeepAliveRequest{Name: "l", Token: g.GetToken(), Handle: g.GetHandle()})
+			return err
+		}},
+		{"force-release", func(g *coordinatorv1.AcquireResponse) error {
+			_, err := svc.ForceRelease(ctx, &coordinatorv1.ForceReleaseRequest{Name: "l", Token: g.GetToken()})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g, err := svc.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "l", Ttl: durationpb.New(30 * time.Second), Wait: durationpb.New(5 * time.Second)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ep.pauseAt.Store(ep.calls.Load() + 2) // the check after the call's etcd work
+			if err := tc.call(g); status.Code(err) != codes.Unavailable || reasonOf(err) != "EPOCH_PAUSED" {
+				t.Fatalf("paused mid-call: %v; want UNAVAILABLE, EPOCH_PAUSED", err)
+			}
+			// Clean up for the next case (the release ends the grant if
+			// the call did not).
+			_, _ = svc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: "l", Token: g.GetToken(), Handle: g.GetHandle()})
+		})
+	}
 }

@@ -88,8 +88,10 @@ const (
 	// (metadata["identity"]) use this lock name, list prefix or resource.
 	// Nothing about the lock is revealed.
 	ErrorReason_ERROR_REASON_DENIED_BY_POLICY ErrorReason = 13
-	// UNAUTHENTICATED or PERMISSION_DENIED: an open stream ended because its
-	// credential or the policy changed. metadata["identity"] is the identity.
+	// UNAUTHENTICATED or PERMISSION_DENIED: an open stream, or an Acquire
+	// waiting in a queue, ended because its credential or the policy changed
+	// (the waiter's place in the queue is given up). metadata["identity"] is
+	// the identity.
 	ErrorReason_ERROR_REASON_IDENTITY_REVOKED ErrorReason = 14
 	// UNAUTHENTICATED: no client certificate and no bearer token.
 	ErrorReason_ERROR_REASON_CREDENTIALS_MISSING ErrorReason = 15
@@ -159,6 +161,12 @@ const (
 	// which every token issued before the restore is invalid and every new
 	// token is greater than all of them. Retry (with the same request_id).
 	ErrorReason_ERROR_REASON_EPOCH_PAUSED ErrorReason = 80
+	// OUT_OF_RANGE: a Watch's start_revision is of an earlier token epoch,
+	// or the token epoch changed while the stream was open: etcd was restored
+	// from a backup, and the history the stream followed was replaced.
+	// Metadata "epoch" (the stream's) and "currentEpoch". Start over with
+	// start_revision 0 (the current state).
+	ErrorReason_ERROR_REASON_EPOCH_CHANGED ErrorReason = 81
 )
 
 // Enum value maps for ErrorReason.
@@ -199,6 +207,7 @@ var (
 		60: "ERROR_REASON_LIMIT_MISMATCH",
 		61: "ERROR_REASON_SHARED_HOLDER_CANNOT_FENCE",
 		80: "ERROR_REASON_EPOCH_PAUSED",
+		81: "ERROR_REASON_EPOCH_CHANGED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                 0,
@@ -236,6 +245,7 @@ var (
 		"ERROR_REASON_LIMIT_MISMATCH":              60,
 		"ERROR_REASON_SHARED_HOLDER_CANNOT_FENCE":  61,
 		"ERROR_REASON_EPOCH_PAUSED":                80,
+		"ERROR_REASON_EPOCH_CHANGED":               81,
 	}
 )
 
@@ -270,7 +280,7 @@ var File_coordinator_v1_errors_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\xc1\t\n" +
+	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\xe1\t\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ERROR_REASON_LOCK_HELD\x10\x01\x12\x1e\n" +
@@ -307,7 +317,8 @@ const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"'ERROR_REASON_COUNTER_ALGORITHM_MISMATCH\x10(\x12\x1f\n" +
 	"\x1bERROR_REASON_LIMIT_MISMATCH\x10<\x12+\n" +
 	"'ERROR_REASON_SHARED_HOLDER_CANNOT_FENCE\x10=\x12\x1d\n" +
-	"\x19ERROR_REASON_EPOCH_PAUSED\x10PBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
+	"\x19ERROR_REASON_EPOCH_PAUSED\x10P\x12\x1e\n" +
+	"\x1aERROR_REASON_EPOCH_CHANGED\x10QBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
 
 var (
 	file_coordinator_v1_errors_proto_rawDescOnce sync.Once

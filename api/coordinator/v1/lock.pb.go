@@ -1931,8 +1931,10 @@ type WatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The lock name. Required; same rules as Acquire.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// Resume from this etcd revision (the last revision seen + 1). 0: start
-	// with the current state. Negative: INVALID_ARGUMENT.
+	// Resume from this revision (the last revision seen + 1). 0: start
+	// with the current state. Negative: INVALID_ARGUMENT. A revision of an
+	// earlier token epoch (see WatchResponse.revision) answers OUT_OF_RANGE
+	// (reason EPOCH_CHANGED): start over from 0.
 	StartRevision int64 `protobuf:"varint,2,opt,name=start_revision,json=startRevision,proto3" json:"start_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1987,7 +1989,12 @@ type WatchResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// What happened.
 	Kind WatchResponse_Kind `protobuf:"varint,1,opt,name=kind,proto3,enum=coordinator.v1.WatchResponse_Kind" json:"kind,omitempty"`
-	// The etcd revision of the change (or of the read, for KIND_CURRENT).
+	// The revision of the change (or of the read, for KIND_CURRENT): etcd's
+	// revision in the token epoch, composed like a fencing token (epoch << 48
+	// + etcd's revision, so exactly etcd's revision until the first restore
+	// of etcd from a backup). It only goes up, across restores too: a stream
+	// open when the epoch changes ends with OUT_OF_RANGE (reason
+	// EPOCH_CHANGED).
 	Revision int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	// The holder concerned: the new one for ACQUIRED and CURRENT (unset when
 	// free), the one that ended otherwise. acquired_at and expires_at unset.

@@ -68,7 +68,8 @@ const (
 //     parameters (ErrorInfo reason "REQUEST_ID_REUSED"); ValidateToken
 //     against a resource whose mark another lock owns (ErrorInfo reason
 //     "MARK_OWNED_BY_OTHER_LOCK").
-//   - OUT_OF_RANGE: Watch from a compacted start_revision.
+//   - OUT_OF_RANGE: Watch from a compacted start_revision, or across a
+//     restore of etcd from a backup (ErrorInfo reason "EPOCH_CHANGED").
 //   - UNAUTHENTICATED: no verified client certificate or bearer token, when
 //     the server requires one.
 //   - PERMISSION_DENIED: the caller's identity may not use this lock name,
@@ -122,10 +123,13 @@ type LockServiceClient interface {
 	Hold(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HoldRequest, HoldResponse], error)
 	// Watch streams a lock's state: first its current holder (a `current`
 	// event, with the revision it was read at), then every change in order,
-	// each with its etcd revision: acquired (token, owner), released, expired,
-	// force-released. To resume after a break without gaps or duplicates,
-	// pass the last revision seen + 1 as start_revision. This is also the
-	// "observe" of leader election. Compacted history answers OUT_OF_RANGE.
+	// each with its revision (etcd's, in the token epoch): acquired (token,
+	// owner), released, expired, force-released. To resume after a break
+	// without gaps or duplicates, pass the last revision seen + 1 as
+	// start_revision. This is also the "observe" of leader election.
+	// Compacted history answers OUT_OF_RANGE; so does a history that a
+	// restore of etcd from a backup replaced (reason EPOCH_CHANGED): start
+	// over from start_revision 0.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchResponse], error)
 	// ForceRelease ends the current grant of `name` if its token is `token`,
 	// for operators (to be restricted to admins by authorization). The
@@ -317,7 +321,8 @@ func (c *lockServiceClient) List(ctx context.Context, in *ListRequest, opts ...g
 //     parameters (ErrorInfo reason "REQUEST_ID_REUSED"); ValidateToken
 //     against a resource whose mark another lock owns (ErrorInfo reason
 //     "MARK_OWNED_BY_OTHER_LOCK").
-//   - OUT_OF_RANGE: Watch from a compacted start_revision.
+//   - OUT_OF_RANGE: Watch from a compacted start_revision, or across a
+//     restore of etcd from a backup (ErrorInfo reason "EPOCH_CHANGED").
 //   - UNAUTHENTICATED: no verified client certificate or bearer token, when
 //     the server requires one.
 //   - PERMISSION_DENIED: the caller's identity may not use this lock name,
@@ -371,10 +376,13 @@ type LockServiceServer interface {
 	Hold(grpc.BidiStreamingServer[HoldRequest, HoldResponse]) error
 	// Watch streams a lock's state: first its current holder (a `current`
 	// event, with the revision it was read at), then every change in order,
-	// each with its etcd revision: acquired (token, owner), released, expired,
-	// force-released. To resume after a break without gaps or duplicates,
-	// pass the last revision seen + 1 as start_revision. This is also the
-	// "observe" of leader election. Compacted history answers OUT_OF_RANGE.
+	// each with its revision (etcd's, in the token epoch): acquired (token,
+	// owner), released, expired, force-released. To resume after a break
+	// without gaps or duplicates, pass the last revision seen + 1 as
+	// start_revision. This is also the "observe" of leader election.
+	// Compacted history answers OUT_OF_RANGE; so does a history that a
+	// restore of etcd from a backup replaced (reason EPOCH_CHANGED): start
+	// over from start_revision 0.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchResponse]) error
 	// ForceRelease ends the current grant of `name` if its token is `token`,
 	// for operators (to be restricted to admins by authorization). The

@@ -27,7 +27,8 @@ class LockServiceStub(object):
   parameters (ErrorInfo reason "REQUEST_ID_REUSED"); ValidateToken
   against a resource whose mark another lock owns (ErrorInfo reason
   "MARK_OWNED_BY_OTHER_LOCK").
-  - OUT_OF_RANGE: Watch from a compacted start_revision.
+  - OUT_OF_RANGE: Watch from a compacted start_revision, or across a
+  restore of etcd from a backup (ErrorInfo reason "EPOCH_CHANGED").
   - UNAUTHENTICATED: no verified client certificate or bearer token, when
   the server requires one.
   - PERMISSION_DENIED: the caller's identity may not use this lock name,
@@ -131,7 +132,8 @@ class LockServiceServicer(object):
   parameters (ErrorInfo reason "REQUEST_ID_REUSED"); ValidateToken
   against a resource whose mark another lock owns (ErrorInfo reason
   "MARK_OWNED_BY_OTHER_LOCK").
-  - OUT_OF_RANGE: Watch from a compacted start_revision.
+  - OUT_OF_RANGE: Watch from a compacted start_revision, or across a
+  restore of etcd from a backup (ErrorInfo reason "EPOCH_CHANGED").
   - UNAUTHENTICATED: no verified client certificate or bearer token, when
   the server requires one.
   - PERMISSION_DENIED: the caller's identity may not use this lock name,
@@ -217,10 +219,13 @@ class LockServiceServicer(object):
   def Watch(self, request, context):
     """Watch streams a lock's state: first its current holder (a `current`
     event, with the revision it was read at), then every change in order,
-    each with its etcd revision: acquired (token, owner), released, expired,
-    force-released. To resume after a break without gaps or duplicates,
-    pass the last revision seen + 1 as start_revision. This is also the
-    "observe" of leader election. Compacted history answers OUT_OF_RANGE.
+    each with its revision (etcd's, in the token epoch): acquired (token,
+    owner), released, expired, force-released. To resume after a break
+    without gaps or duplicates, pass the last revision seen + 1 as
+    start_revision. This is also the "observe" of leader election.
+    Compacted history answers OUT_OF_RANGE; so does a history that a
+    restore of etcd from a backup replaced (reason EPOCH_CHANGED): start
+    over from start_revision 0.
     """
     context.set_code(grpc.StatusCode.UNIMPLEMENTED)
     context.set_details('Method not implemented!')
