@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -50,7 +52,8 @@ type result struct {
 	etcdCPU    float64 // cores used by the etcd process
 	otherCPU   float64 // cores used by everything else on the machine (interference)
 	errs       int
-	violations int // contended: a grant while another worker held the lock
+	violations int      // contended: a grant while another worker held the lock
+	work       etcdWork // etcd's work during the measured window
 }
 
 // bench is one run: the children, the shared clients and the settings.
@@ -58,10 +61,12 @@ type bench struct {
 	cfg     config
 	etcd    *child
 	coord   *child
+	coord2  *child // the second coordinatord replica, while the etcd-bound scenario runs
 	cl      *clients
 	systems map[string]locker
 	redis   *redisPeer   // the counter scenario's peer; nil when redis-server is not installed
 	notes   []string     // for the report: peers skipped, and why
+	skipped []string     // for the report: scenarios skipped, and why
 	seq     atomic.Int64 // makes every cell's lock names unique
 }
 
@@ -118,6 +123,7 @@ func (b *bench) window(c cell, rep int, workers int, grace time.Duration, profil
 			profDone <- fetchProfile(b.etcd.pprof, b.cfg.duration, filepath.Join(b.cfg.profileDir, "etcd-"+profile+".pprof"))
 		}()
 	}
+	ctr0, err0 := scrapeEtcd(context.Background(), b.etcd.addr)
 	cpu0 := b.cpu()
 	t0 := time.Now()
 	recording.Store(true)
@@ -125,6 +131,7 @@ func (b *bench) window(c cell, rep int, workers int, grace time.Duration, profil
 	recording.Store(false)
 	elapsed := time.Since(t0)
 	cpu1 := b.cpu()
+	ctr1, err1 := scrapeEtcd(context.Background(), b.etcd.addr)
 	stopping.Store(true)
 
 	stopped := make(chan struct{})
@@ -158,19 +165,24 @@ func (b *bench) window(c cell, rep int, workers int, grace time.Duration, profil
 	r.coordCPU = (cpu1[1] - cpu0[1]).Seconds() / secs
 	r.etcdCPU = (cpu1[2] - cpu0[2]).Seconds() / secs
 	r.otherCPU = max((cpu1[3]-cpu0[3]).Seconds()/secs-r.clientCPU-r.coordCPU-r.etcdCPU, 0)
+	r.work = b.workOf(ctr0, ctr1, err0, err1, cpu0[2], cpu1[2])
 	if r.errs > 0 {
 		fmt.Fprintf(os.Stderr, "coordbench: %s/%d/%s: %d errors, first: %v\n", c.scenario, c.clients, c.system, r.errs, firstErr.Load())
 	}
 	return r
 }
 
-// cpu is the CPU time used so far by this process, coordinatord, etcd and
-// the whole machine.
+// cpu is the CPU time used so far by this process, coordinatord (both
+// replicas when there are two), etcd and the whole machine.
 func (b *bench) cpu() [4]time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	self := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	coord, _ := cpuTime(b.coord.pid())
+	if b.coord2 != nil {
+		c2, _ := cpuTime(b.coord2.pid())
+		coord += c2
+	}
 	etcd, _ := cpuTime(b.etcd.pid())
 	all, _ := machineBusy()
 	return [4]time.Duration{self, coord, etcd, all}
@@ -399,7 +411,7 @@ func (b *bench) compact() {
 		fmt.Fprintln(os.Stderr, "coordbench: compact:", err)
 		return
 	}
-	if _, err := cli.Compact(ctx, r.Header.Revision, clientv3.WithCompactPhysical()); err != nil && status.Code(err) != codes.OutOfRange {
+	if _, err := cli.Compact(ctx, r.Header.Revision, clientv3.WithCompactPhysical()); err != nil && status.Code(err) != codes.OutOfRange && !errors.Is(err, rpctypes.ErrCompacted) {
 		fmt.Fprintln(os.Stderr, "coordbench: compact:", err)
 	}
 }

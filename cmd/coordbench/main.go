@@ -37,6 +37,7 @@ type config struct {
 	profileDir       string
 	dataDir          string
 	quick            bool
+	peerOnly         bool
 	whatif           bool
 	args             []string
 }
@@ -66,6 +67,7 @@ func parse(args []string) (config, error) {
 		counters                               string
 	)
 	fs.BoolVar(&c.quick, "quick", false, "a quick run (about 2 minutes): -reps 2 -duration 1s -warmup 300ms -held 100,10000, unless given explicitly")
+	fs.BoolVar(&c.peerOnly, "peer-only", false, "measure only etcd's Mutex (uncontended -clients, contended -contended): a minimal program on a plain etcd of its own beside coordbench's Mutex peer on the etcd child every scenario runs on, and on coordinatord's embedded etcd configuration (docs/BENCHMARKS.md, Peer fairness)")
 	fs.DurationVar(&c.duration, "duration", 4*time.Second, "measured window of each repetition of each cell")
 	fs.DurationVar(&c.warmup, "warmup", time.Second, "warm-up before each measured window (same workers, not counted)")
 	fs.IntVar(&c.reps, "reps", 5, "repetitions of each cell, interleaved across the systems")
@@ -75,7 +77,7 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&counters, "counters", "1,1000", "numbers of distinct counters of the counter scenario (1: one hot counter)")
 	fs.IntVar(&c.counterClients, "counter-clients", 64, "workers of the counter scenario")
 	fs.IntVar(&c.conns, "conns", 4, "gRPC connections to coordinatord and etcd clients, shared round-robin by the workers")
-	fs.StringVar(&scenarioList, "scenarios", "uncontended,contended,validate,held,counter", "scenarios to run")
+	fs.StringVar(&scenarioList, "scenarios", "uncontended,contended,validate,etcdbound,held,counter", "scenarios to run (etcdbound: etcd pinned to one CPU, the rest to another; the most -clients)")
 	fs.StringVar(&c.out, "out", "docs/benchmarks/results.md", "markdown report (also printed to stdout); empty: stdout only")
 	fs.StringVar(&c.svg, "svg", "docs/benchmarks/chart.svg", "SVG chart; empty: none")
 	fs.StringVar(&c.profileDir, "profile-dir", "", "if set, CPU profiles of coordinatord and etcd during the first repetition of each uncontended cell (coordinatord and Mutex), contended and validate cell (coordinatord) are written here")
@@ -118,7 +120,7 @@ func parse(args []string) (config, error) {
 	}
 	for _, s := range strings.Split(scenarioList, ",") {
 		switch s = strings.TrimSpace(s); s {
-		case scUncontended, scContended, scValidate, scHeld, scCounter:
+		case scUncontended, scContended, scValidate, scEtcdBound, scHeld, scCounter:
 			c.scenarios = append(c.scenarios, s)
 		case "":
 		default:
@@ -150,11 +152,54 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "coordbench:", err)
 		return 2
 	}
-	if _, err := bench1(cfg); err != nil {
+	do := bench1
+	if cfg.peerOnly {
+		do = peerOnly
+	}
+	if _, err := do(cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "coordbench:", err)
 		return 1
 	}
 	return 0
+}
+
+// newBench starts an etcd child of role with its data in dir, a
+// coordinatord child on it and the load generator's clients; close stops
+// them all.
+func newBench(cfg config, role, dir string) (b *bench, stop func(), err error) {
+	var stops []func()
+	stop = func() {
+		for _, f := range slices.Backward(stops) {
+			f()
+		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	etcd, err := startChild(role, "-data-dir", dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	stops = append(stops, func() { stopLogged(role, etcd) })
+	coord, err := startChild(roleCoordinator, "-etcd", etcd.addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	stops = append(stops, func() { stopLogged(roleCoordinator, coord) })
+	workers := slices.Max(slices.Concat(cfg.clients, cfg.contended, []int{1, cfg.counterClients}))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	cl, err := dialClients(ctx, coord.addr, etcd.addr, cfg.conns, workers)
+	cancel()
+	if err != nil {
+		return nil, nil, err
+	}
+	stops = append(stops, cl.close)
+	return &bench{cfg: cfg, etcd: etcd, coord: coord, cl: cl, systems: map[string]locker{
+		sysCoord: coordLocker{cl}, sysMutex: mutexLocker{cl}, sysV3lock: v3lockLocker{cl}, sysSem4: semLocker{cl},
+		sysRecipeNow: recipeNowLocker{cl}, sysRecipeNext: recipeNextLocker{cl},
+	}}, stop, nil
 }
 
 // bench1 runs the benchmark, writes the report and the chart, and returns
@@ -174,29 +219,12 @@ func bench1(cfg config) (rep *report, err error) {
 			return nil, err
 		}
 	}
-	etcd, err := startChild(roleEtcd, "-data-dir", filepath.Join(cfg.dataDir, "etcd"))
+	b, closeBench, err := newBench(cfg, roleEtcd, filepath.Join(cfg.dataDir, "etcd"))
 	if err != nil {
 		return nil, err
 	}
-	defer stopLogged(roleEtcd, etcd)
-	coord, err := startChild(roleCoordinator, "-etcd", etcd.addr)
-	if err != nil {
-		return nil, err
-	}
-	defer stopLogged(roleCoordinator, coord)
-
-	workers := slices.Max(slices.Concat(cfg.clients, cfg.contended, []int{1, cfg.counterClients}))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	cl, err := dialClients(ctx, coord.addr, etcd.addr, cfg.conns, workers)
-	cancel()
-	if err != nil {
-		return nil, err
-	}
-	defer cl.close()
-	b := &bench{cfg: cfg, etcd: etcd, coord: coord, cl: cl, systems: map[string]locker{
-		sysCoord: coordLocker{cl}, sysMutex: mutexLocker{cl}, sysV3lock: v3lockLocker{cl}, sysSem4: semLocker{cl},
-		sysRecipeNow: recipeNowLocker{cl}, sysRecipeNext: recipeNextLocker{cl},
-	}}
+	defer closeBench()
+	etcd, coord, cl := b.etcd, b.coord, b.cl
 	if cfg.whatif {
 		bt := newBatcher(cl.etcd[0], 2, 128)
 		defer close(bt.stop)
@@ -215,9 +243,10 @@ func bench1(cfg config) (rep *report, err error) {
 	rep.baseRSS[1], _ = rss(etcd.pid())
 
 	progress := func(r result) {
-		fmt.Fprintf(os.Stderr, "%-11s n=%-3d held=%-6d %-22s rep %d: %9.0f ops/s  p50 %8s  p99 %8s  cpu client %.2f coord %.2f etcd %.2f other %.2f  errs %d\n",
+		p := r.work.per(r.ops)
+		fmt.Fprintf(os.Stderr, "%-11s n=%-3d held=%-6d %-22s rep %d: %9.0f ops/s  p50 %8s  p99 %8s  cpu client %.2f coord %.2f etcd %.2f other %.2f  per op: %.2f proposals %.2f fsyncs %s etcd cpu  errs %d\n",
 			r.scenario, r.clients, r.held, r.system, r.rep, r.rate, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond),
-			r.clientCPU, r.coordCPU, r.etcdCPU, r.otherCPU, r.errs)
+			r.clientCPU, r.coordCPU, r.etcdCPU, r.otherCPU, p.proposals, p.fsyncs, p.cpu.Round(time.Microsecond), r.errs)
 		rep.results = append(rep.results, r)
 		b.compact()
 	}
@@ -279,6 +308,11 @@ func bench1(cfg config) (rep *report, err error) {
 			}
 		}
 	}
+	if cfg.has(scEtcdBound) {
+		if err := b.runEtcdBound(progress, rotate); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.has(scHeld) {
 		var hs []heldLock
 		defer b.drain()
@@ -305,7 +339,7 @@ func bench1(cfg config) (rep *report, err error) {
 			return nil, err
 		}
 	}
-	rep.notes = b.notes
+	rep.notes, rep.skipped = b.notes, b.skipped
 	rep.elapsed = time.Since(start)
 	rep.load[1] = loadAvg()
 

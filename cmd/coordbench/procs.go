@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/coordinatord/coordinatord/internal/daemon"
-	"github.com/coordinatord/coordinatord/internal/embedetcd"
 )
 
 // The benchmark runs three processes so that each one's CPU time and memory
@@ -54,10 +53,12 @@ func runChild(role string, args []string) int {
 	go func() { _ = http.Serve(pprofLis, nil) }()
 
 	switch role {
-	case roleEtcd:
-		// etcd's default timings (TickMs 100, ElectionMs 1000), and TCP as a
-		// separate etcd cluster is reached (not the embedded mode's socket).
-		e, err := embedetcd.Start(ctx, *dataDir, embedetcd.WithInsecureTCPClients())
+	case roleEtcd, roleEtcdEmbedded:
+		if err := os.MkdirAll(*dataDir, 0o700); err != nil {
+			fmt.Fprintln(os.Stderr, role, err)
+			return 1
+		}
+		e, err := startEtcd(ctx, role, *dataDir)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, role, err)
 			return 1

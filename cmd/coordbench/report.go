@@ -22,6 +22,7 @@ type report struct {
 	elapsed time.Duration
 	load    [2]string // load average at the start and the end
 	notes   []string  // peers skipped, and why
+	skipped []string  // scenarios skipped, and why
 }
 
 // agg is the aggregate of a cell's repetitions.
@@ -167,6 +168,7 @@ func (rp *report) rows() []row {
 		sc := fmt.Sprintf("%s locks held, 1 client", thousands(float64(h)))
 		cmp(scHeld, 1, h, sysMutex, sc, "acquire latency p50", fmt.Sprintf("%s held: acquire p50 vs Mutex", thousands(float64(h))), true, p50)
 	}
+	rp.etcdBoundRows(cmp)
 	return rows
 }
 
@@ -229,7 +231,7 @@ func (rp *report) targets() []target {
 				measured: fmt.Sprintf("%.2fx (%s ms vs %s ms)", r, ms(z.p50.med), ms(a.p50.med)), met: r <= 1.2, known: true, speedup: 1 / r, need: 1 / 1.2})
 		}
 	}
-	return ts
+	return append(ts, rp.workTargets()...)
 }
 
 func cpuModel() string {
@@ -275,11 +277,14 @@ func (rp *report) markdown() string {
 	}
 	w("## coordbench run\n\n")
 	w("- command: `%s` (%s, %v in all)\n", cmd, time.Now().UTC().Format("2006-01-02 15:04 UTC"), rp.elapsed.Round(time.Second))
-	w("- machine: %d CPUs (%s), %s memory, %s/%s, %s, etcd %s (embedded, single member, default timings, in its own process)\n",
+	w("- machine: %d CPUs (%s), %s memory, %s/%s, %s, etcd %s (a plain etcd: embed.NewConfig defaults, single member, in its own process, the same for every system)\n",
 		runtime.NumCPU(), cpuModel(), memTotal(), runtime.GOOS, runtime.GOARCH, runtime.Version(), version.Version)
 	w("- load average (1, 5, 15 min) at the start: %s; at the end: %s\n", rp.load[0], rp.load[1])
 	w("- each cell: %v warm-up, then a %v measured window; %d repetitions, the systems interleaved (rotated order); values are median (min–max) over the repetitions\n",
 		rp.cfg.warmup, rp.cfg.duration, rp.cfg.reps)
+	for _, s := range rp.skipped {
+		w("- skipped: %s\n", s)
+	}
 	w("- clients share %d gRPC connections to coordinatord and %d etcd clients; each worker has its own Mutex session (lease) and v3lock lease, reused across acquisitions; every coordinatord Acquire gets a new lease (TTL %v)\n\n",
 		rp.cfg.conns, rp.cfg.conns, benchTTL)
 
@@ -314,6 +319,7 @@ func (rp *report) markdown() string {
 	}
 
 	b.WriteString(rp.counterMarkdown())
+	b.WriteString(rp.workMarkdown())
 
 	w("### CPU during the measured windows\n\nCores used (median over repetitions): the load generator (every client), the coordinatord process, the etcd process, and every other process on the machine (interference from outside the benchmark). The machine has %d.\n\n", runtime.NumCPU())
 	w("| scenario | clients | held | system | ops/s | client | coordinatord | etcd | other | errors |\n|---|---|---|---|---|---|---|---|---|---|\n")
@@ -391,7 +397,7 @@ func (rp *report) chart() string {
 		return float64(left) + plotW*(math.Log10(v)-math.Log10(lo))/(math.Log10(hi)-math.Log10(lo))
 	}
 	height := top + len(bars)*(barH+gap) + 50
-	colors := map[string]string{sysMutex: "#4e79a7", sysV3lock: "#59a14f", sysGet: "#f28e2b", "self": "#b07aa1", sysRecipeNow: "#bab0ac", sysRecipeNext: "#bab0ac"}
+	colors := map[string]string{sysCoord: "#b07aa1", sysMutex: "#4e79a7", sysV3lock: "#59a14f", sysGet: "#f28e2b", "self": "#b07aa1", sysRecipeNow: "#bab0ac", sysRecipeNext: "#bab0ac"}
 
 	var s strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&s, format, args...) }

@@ -9,7 +9,6 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/coordinatord/coordinatord/internal/etcdx"
 )
@@ -51,6 +50,8 @@ type call struct {
 	recKey string // its request-id record's, if any
 	params string // paramsDigest, with recKey
 	res    chan outcome
+
+	answered bool // by settle (its group's committer's own)
 }
 
 type outcome struct {
@@ -189,17 +190,13 @@ func (b *batcher) txn(ctx context.Context, plans []*plan) ([]txnResult, error) {
 	b.txns.Add(1)
 	if len(plans) == 1 {
 		p := plans[0]
-		resp, err := b.s.cli.Txn(ctx).If(p.cmps...).Then(p.then...).Else(p.els...).Commit()
+		resp, err := b.s.txns.Commit(ctx, etcdx.Txn(p.cmps, p.then, p.els))
 		if err != nil {
 			return nil, err
 		}
 		return []txnResult{{rev: resp.Header.Revision, ok: resp.Succeeded, resps: resp.Responses}}, nil
 	}
-	ops := make([]clientv3.Op, len(plans))
-	for i, p := range plans {
-		ops[i] = clientv3.OpTxn(p.cmps, p.then, p.els)
-	}
-	resp, err := b.s.cli.Txn(ctx).Then(ops...).Commit()
+	resp, err := b.s.txns.Commit(ctx, nestedTxn(plans))
 	if err != nil {
 		return nil, err
 	}
@@ -209,6 +206,15 @@ func (b *batcher) txn(ctx context.Context, plans []*plan) ([]txnResult, error) {
 		out[i] = txnResult{rev: resp.Header.Revision, ok: t.GetSucceeded(), resps: t.GetResponses()}
 	}
 	return out, nil
+}
+
+// nestedTxn is the Txn of plans, each a nested transaction of its Then.
+func nestedTxn(plans []*plan) *pb.TxnRequest {
+	ops := make([]*pb.RequestOp, len(plans))
+	for i, p := range plans {
+		ops[i] = etcdx.OpTxn(etcdx.Txn(p.cmps, p.then, p.els))
+	}
+	return etcdx.Txn(nil, ops, nil)
 }
 
 func (g *group) fail(err error) {

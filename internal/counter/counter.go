@@ -116,6 +116,7 @@ const (
 // committers.
 type Service struct {
 	cli    *clientv3.Client
+	txns   *etcdx.Txns
 	ks     keyspace.Keyspace
 	o      options
 	leases *leasePool
@@ -173,7 +174,7 @@ func New(cli *clientv3.Client, opts ...Option) *Service {
 	if o.policy == PolicyDefault {
 		o.policy = FailClosed
 	}
-	s := &Service{cli: cli, ks: keyspace.New(o.prefix), o: o}
+	s := &Service{cli: cli, txns: etcdx.NewTxns(cli), ks: keyspace.New(o.prefix), o: o}
 	s.leases = &leasePool{cli: cli, granularity: o.granularity, slack: o.slack, leases: map[int64]clientv3.LeaseID{}}
 	s.b = newBatcher(s)
 	return s

@@ -3,7 +3,9 @@ package counter
 import (
 	"context"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+
+	"github.com/coordinatord/coordinatord/internal/etcdx"
 )
 
 // plan is one group's transaction: the compares (the counter at the mod
@@ -15,10 +17,10 @@ type plan struct {
 	next     *state // the state written, if wrote
 	wrote    bool
 	answers  []answer
-	recCalls []*call // whose records els[1:] read, in order
-	cmps     []clientv3.Cmp
-	then     []clientv3.Op
-	els      []clientv3.Op
+	recCalls []*call       // whose records els[1:] read, in order
+	cmps     []*pb.Compare // built as etcd's protobuf (etcdx.Txns)
+	then     []*pb.RequestOp
+	els      []*pb.RequestOp
 }
 
 type answer struct {
@@ -32,10 +34,10 @@ type answer struct {
 func (b *batcher) plan(ctx context.Context, g *group, now int64) (*plan, error) {
 	base := b.lookup(g.key)
 	p := &plan{g: g,
-		cmps: []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(g.key), "=", base.rev)},
-		els:  []clientv3.Op{clientv3.OpGet(g.key)}}
+		cmps: []*pb.Compare{etcdx.CompareMod(g.key, base.rev)},
+		els:  []*pb.RequestOp{etcdx.OpGet(g.key)}}
 	st := base.st
-	seen := map[string]bool{}
+	var seen map[string]bool // request ids in this plan; most hits have none
 	for _, c := range g.calls {
 		if c.recKey != "" && (seen[c.recKey] || len(seen) == maxRecords) {
 			continue
@@ -49,29 +51,33 @@ func (b *batcher) plan(ctx context.Context, g *group, now int64) (*plan, error) 
 		if c.recKey == "" {
 			continue
 		}
+		if seen == nil {
+			seen = map[string]bool{}
+		}
 		seen[c.recKey] = true
 		id, _, err := b.s.leases.get(ctx, max(now+int64(b.s.o.retention), r.ResetAt.UnixNano()))
 		if err != nil {
 			return nil, err
 		}
 		p.recCalls = append(p.recCalls, c)
-		p.cmps = append(p.cmps, clientv3.Compare(clientv3.CreateRevision(c.recKey), "=", 0))
-		p.els = append(p.els, clientv3.OpGet(c.recKey))
-		p.then = append(p.then, clientv3.OpPut(c.recKey, encodeRecord(c.params, r), clientv3.WithLease(id)))
+		p.cmps = append(p.cmps, etcdx.CompareCreate(c.recKey, 0))
+		p.els = append(p.els, etcdx.OpGet(c.recKey))
+		p.then = append(p.then, etcdx.OpPut(c.recKey, encodeRecord(c.params, r), id))
 	}
 	if st == nil || st == base.st {
 		return p, nil
 	}
-	put := clientv3.WithIgnoreLease() // inside its lease's span: keep the lease
+	put := etcdx.OpPutIgnoreLease(g.key, "") // inside its lease's span: keep the lease
 	if need := st.expiry(); need > st.leaseEnd {
 		id, end, err := b.s.leases.get(ctx, need)
 		if err != nil {
 			return nil, err
 		}
-		st.leaseEnd, put = end, clientv3.WithLease(id)
+		st.leaseEnd, put = end, etcdx.OpPut(g.key, "", id)
 	}
+	put.GetRequestPut().Value = []byte(st.encode()) // with its lease end
 	p.next, p.wrote = st, true
-	p.then = append(p.then, clientv3.OpPut(g.key, st.encode(), put))
+	p.then = append(p.then, put)
 	return p, nil
 }
 
@@ -81,14 +87,13 @@ func (b *batcher) plan(ctx context.Context, g *group, now int64) (*plan, error) 
 // left for another round.
 func (b *batcher) settle(p *plan, r txnResult) bool {
 	g := p.g
-	done := map[*call]bool{}
 	if r.ok {
 		if p.wrote {
 			b.remember(g.key, cached{st: p.next, rev: r.rev})
 		}
 		for _, a := range p.answers {
 			a.c.res <- a.o
-			done[a.c] = true
+			a.c.answered = true
 		}
 		b.decided.Add(int64(len(p.answers)))
 	} else {
@@ -107,13 +112,13 @@ func (b *batcher) settle(p *plan, r txnResult) bool {
 			if kvs := r.resps[1+i].GetResponseRange().GetKvs(); len(kvs) > 0 {
 				res, err := decodeRecord(kvs[0].Value, c.params)
 				c.res <- outcome{res: res, err: err}
-				done[c] = true
+				c.answered = true
 			}
 		}
 	}
 	left := g.calls[:0]
 	for _, c := range g.calls {
-		if !done[c] {
+		if !c.answered {
 			left = append(left, c)
 		}
 	}

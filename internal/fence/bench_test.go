@@ -3,6 +3,7 @@ package fence
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
@@ -16,11 +17,11 @@ import (
 // go test -run '^$' -bench . ./internal/fence
 func BenchmarkViewHolder(b *testing.B) {
 	w := newView(nil, "/p/locks/")
-	w.live, w.rev, w.queues = true, 10, map[string][]member{}
+	w.live, w.rev = true, 10
 	for i := range 100_000 {
 		q := fmt.Sprintf("/p/locks/lock-%d/", i)
-		w.put(q, q+"b", int64(2*i+2), keyspace.Shape{})
-		w.put(q, q+"a", int64(2*i+1), keyspace.Shape{})
+		w.queues.put(q, q+"b", int64(2*i+2), keyspace.Shape{})
+		w.queues.put(q, q+"a", int64(2*i+1), keyspace.Shape{})
 	}
 	ctx := context.Background()
 	q := "/p/locks/lock-4242/"
@@ -48,5 +49,27 @@ func BenchmarkValidateAtMark(b *testing.B) {
 		if verdict, err := v.Validate(ctx, "l", g.Token, "r"); err != nil || !verdict.Valid {
 			b.Fatalf("validation: %+v, %v", verdict, err)
 		}
+	}
+}
+
+// BenchmarkViewMemory is what the holder view keeps per held lock: 100,000
+// queues of one key each (the common case), as the watch delivers them (the
+// keys in fresh memory, as decoded). It reports live heap bytes per lock.
+func BenchmarkViewMemory(b *testing.B) {
+	const n = 100_000
+	for b.Loop() {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		w := newView(nil, "/coordinatord/locks/")
+		w.live = true
+		for i := range n {
+			key := fmt.Sprintf("/coordinatord/locks/orders-%08d/%016x", i, 0x694d7a2e1f3c0000+i)
+			w.queues.put(queueOf(key), key, int64(i+1), keyspace.Shape{})
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "B/lock")
+		runtime.KeepAlive(w)
 	}
 }

@@ -36,43 +36,17 @@ type view struct {
 	prefix string // the locks prefix
 
 	mu      sync.Mutex
-	live    bool                // following: rev is meaningful
-	rev     int64               // every change up to rev is applied
-	queues  map[string][]member // queue prefix -> its keys
-	moved   chan struct{}       // closed and replaced when rev advances or live changes
-	asked   bool                // a progress request is outstanding
-	request func()              // asks the watch for progress
+	live    bool          // following: rev is meaningful
+	rev     int64         // every change up to rev is applied
+	queues  queueIndex    // every queue's keys
+	moved   chan struct{} // closed and replaced when rev advances or live changes
+	asked   bool          // a progress request is outstanding
+	request func()        // asks the watch for progress
 }
 
 // viewWait bounds how long a validation waits for the view to catch up
 // with its barrier before it reads etcd itself.
 const viewWait = 250 * time.Millisecond
-
-// member is one key of a queue: the part after the queue prefix, and its
-// create revision. A queue has few keys (usually one): a slice is far
-// smaller than a map per queue (100,000 held locks: ~25 MiB less).
-type member struct {
-	suffix string
-	rev    int64
-	shape  keyspace.Shape // a semaphore's or a reader's entry (keyspace.ShapeOf)
-}
-
-// put records key (of queue q) with create revision rev and shape; w.mu
-// is held.
-func (w *view) put(q, key string, rev int64, shape keyspace.Shape) {
-	suffix := key[len(q):]
-	ms := w.queues[q]
-	for i := range ms {
-		if ms[i].suffix == suffix {
-			ms[i].rev, ms[i].shape = rev, shape
-			return
-		}
-	}
-	if ms == nil {
-		q = strings.Clone(q) // not a slice of key: the key's bytes can go
-	}
-	w.queues[q] = append(ms, member{strings.Clone(suffix), rev, shape})
-}
 
 // holderSet is a queue's holders: the oldest's token (0: free) and, for
 // a semaphore or readers, every holder's, oldest first (nil for a mutex:
@@ -136,26 +110,8 @@ func holdersOf(ms []member) []int64 {
 	return out
 }
 
-// del forgets key (of queue q); w.mu is held.
-func (w *view) del(q, key string) {
-	suffix := key[len(q):]
-	ms := w.queues[q]
-	for i := range ms {
-		if ms[i].suffix == suffix {
-			ms[i] = ms[len(ms)-1]
-			ms = ms[:len(ms)-1]
-			break
-		}
-	}
-	if len(ms) == 0 {
-		delete(w.queues, q)
-	} else {
-		w.queues[q] = ms
-	}
-}
-
 func newView(cli *clientv3.Client, prefix string) *view {
-	return &view{cli: cli, prefix: prefix, moved: make(chan struct{})}
+	return &view{cli: cli, prefix: prefix, moved: make(chan struct{}), queues: newQueueIndex(0)}
 }
 
 // holders returns the tokens of queue's holders, oldest first (none:
@@ -175,7 +131,7 @@ func (w *view) holders(ctx context.Context, queue string, min int64) (holderSet,
 			return holderSet{}, false
 		}
 		if w.rev >= min {
-			hs := holdersIn(w.queues[queue])
+			hs := w.queues.holders(queue)
 			w.mu.Unlock()
 			return hs, true
 		}
@@ -254,21 +210,43 @@ func queueOf(key string) string {
 func (w *view) run(ctx context.Context, log *slog.Logger) error {
 	// A watch stream of its own: progress requests are answered per stream.
 	ctx = etcdx.WithOwnWatchStream(ctx, "fence-view")
-	backoff := 50 * time.Millisecond
+	var backoff time.Duration // the last wait (0: none yet)
 	for ctx.Err() == nil {
+		start := time.Now()
 		err := w.follow(ctx)
 		w.setLive(false)
 		if ctx.Err() != nil {
 			break
 		}
-		log.Warn("fence: the holder view stopped following etcd; validations read etcd until it is back", "err", err)
+		backoff = viewBackoff(backoff, time.Since(start))
+		log.Warn("fence: the holder view stopped following etcd; validations read etcd until it is back", "err", err, "retryIn", backoff)
 		select {
 		case <-ctx.Done():
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 5*time.Second)
 	}
 	return nil
+}
+
+// The holder view's wait before it follows etcd again after a break.
+const (
+	minViewBackoff = 50 * time.Millisecond
+	maxViewBackoff = 5 * time.Second
+	// followedLong: a follow that lasted this long was a working view, so
+	// its break is a new fault, waited for from minViewBackoff again.
+	followedLong = 30 * time.Second
+)
+
+// viewBackoff is the wait after a follow that lasted ran, the last wait
+// having been prev (0: none): the minimum at first and after a follow that
+// worked for a while, doubled while follows keep breaking at once (it never
+// came back down before: after a few breaks in a process's life, every
+// later break left the view off for 5 s).
+func viewBackoff(prev, ran time.Duration) time.Duration {
+	if prev == 0 || ran >= followedLong {
+		return minViewBackoff
+	}
+	return min(2*prev, maxViewBackoff)
 }
 
 // follow loads the queues at one revision and applies the watch from the
@@ -286,13 +264,12 @@ func (w *view) follow(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load: %w", err)
 	}
-	loaded := &view{queues: make(map[string][]member, len(r.Kvs))}
+	queues := newQueueIndex(len(r.Kvs))
 	for _, kv := range r.Kvs {
 		key := string(kv.Key)
 		shape, _ := keyspace.ShapeOf(kv.Value)
-		loaded.put(queueOf(key), key, kv.CreateRevision, shape)
+		queues.put(queueOf(key), key, kv.CreateRevision, shape)
 	}
-	queues := loaded.queues
 	wch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(r.Header.Revision+1),
 		clientv3.WithProgressNotify())
 	w.mu.Lock()
@@ -327,9 +304,9 @@ func (w *view) follow(ctx context.Context) error {
 				switch ev.Type {
 				case mvccpb.PUT:
 					shape, _ := keyspace.ShapeOf(ev.Kv.Value)
-					w.put(q, key, ev.Kv.CreateRevision, shape)
+					w.queues.put(q, key, ev.Kv.CreateRevision, shape)
 				case mvccpb.DELETE:
-					w.del(q, key)
+					w.queues.del(q, key)
 				}
 				upTo = max(upTo, ev.Kv.ModRevision)
 			}

@@ -163,7 +163,8 @@ func TestViewNeverAnswersBehindTheBarrier(t *testing.T) {
 	_, v := setup(t)
 	w := newView(v.cli, v.ks.Locks())
 	w.mu.Lock()
-	w.live, w.rev, w.queues = true, 5, map[string][]member{"q/": {{"a", 3, keyspace.Shape{}}}}
+	w.live, w.rev = true, 5
+	w.queues.put("q/", "q/a", 3, keyspace.Shape{})
 	asked := 0
 	w.request = func() { asked++ }
 	w.mu.Unlock()
@@ -176,5 +177,28 @@ func TestViewNeverAnswersBehindTheBarrier(t *testing.T) {
 	}
 	if asked != 1 || time.Since(start) < viewWait {
 		t.Fatalf("asked for progress %d times, gave up after %v", asked, time.Since(start))
+	}
+}
+
+// TestViewBackoffResetsAfterAWorkingFollow: the wait before the holder view
+// follows etcd again doubles while follows break at once, and is back to
+// the minimum after a follow that worked for a while.
+func TestViewBackoffResetsAfterAWorkingFollow(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		prev, ran time.Duration
+		want      time.Duration
+	}{
+		{"first break", 0, time.Millisecond, minViewBackoff},
+		{"breaking at once", 200 * time.Millisecond, time.Millisecond, 400 * time.Millisecond},
+		{"capped", 4 * time.Second, time.Millisecond, maxViewBackoff},
+		{"after a working follow", maxViewBackoff, followedLong, minViewBackoff},
+		{"after a short follow", maxViewBackoff, followedLong - time.Second, maxViewBackoff},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := viewBackoff(tc.prev, tc.ran); got != tc.want {
+				t.Fatalf("viewBackoff(%v, %v) = %v, want %v", tc.prev, tc.ran, got, tc.want)
+			}
+		})
 	}
 }

@@ -38,6 +38,10 @@ type admission struct {
 	shape     keyspace.Shape
 	name      string
 	slotDelay func(slot int32) string
+	// ownDelay is the entry's own lock-delay lease (0: it asked for no
+	// lock delay): a lock-delay key on it is the entry's, not a pending
+	// delay of another grant.
+	ownDelay clientv3.LeaseID
 }
 
 func (m *Manager) admission(name string) admission {
@@ -48,7 +52,7 @@ func (m *Manager) admission(name string) admission {
 // admissionOf is the rule as it applies to the entry of attempt a.
 func (m *Manager) admissionOf(a *attempt) admission {
 	q := m.admission(a.name)
-	q.shape = a.rec.shape()
+	q.shape, q.ownDelay = a.rec.shape(), a.delay
 	return q
 }
 
@@ -118,18 +122,22 @@ func (q admission) blocker(ctx context.Context, kv clientv3.KV, token int64) (t 
 	if len(r.Kvs) > 0 {
 		return target{key: string(r.Kvs[0].Key)}, 0, "", nil
 	}
-	key, errOp, err := q.delayBlocker(ctx, kv, token)
+	key, errOp, err := q.delayBlocker(ctx, kv)
 	return target{key: key}, 0, errOp, err
 }
 
 // delayBlocker is the lock-delay key if another grant's lock-delay is
-// pending for the entry of create revision token, else "".
-func (q admission) delayBlocker(ctx context.Context, kv clientv3.KV, token int64) (key, errOp string, err error) {
-	d, err := kv.Get(ctx, q.delay, clientv3.WithKeysOnly())
+// pending, else "". The key is the entry's own only if it is on the entry's
+// own lock-delay lease: its create revision does not tell, since another
+// grant's claim can share the entry's join transaction (group commit).
+// Not a keys-only read: etcd answers those from its index, without the
+// lease (the key's value is empty anyway).
+func (q admission) delayBlocker(ctx context.Context, kv clientv3.KV) (key, errOp string, err error) {
+	d, err := kv.Get(ctx, q.delay)
 	if err != nil {
 		return "", "read lock-delay", err
 	}
-	if len(d.Kvs) == 0 || d.Kvs[0].CreateRevision == token {
+	if len(d.Kvs) == 0 || (q.ownDelay != 0 && clientv3.LeaseID(d.Kvs[0].Lease) == q.ownDelay) {
 		return "", "", nil
 	}
 	return q.delay, "", nil

@@ -9,6 +9,8 @@ import (
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/coordinatord/coordinatord/internal/etcdx"
 )
 
 // batcher is group commit: the conditional transactions of concurrent
@@ -27,6 +29,9 @@ type batcher struct {
 	cli   *clientv3.Client
 	spawn func(func()) // runs a commit in a goroutine its owner waits for
 
+	txnsOnce sync.Once
+	txns     *etcdx.Txns // commits TxnRequests built as protobuf
+
 	mu       sync.Mutex
 	pending  []*txnReq
 	inflight int
@@ -42,9 +47,7 @@ type txnReq struct {
 	// conflicts are keys of which at most one request per batch may name
 	// each: a join's lock name and the limit slot it claims; none for others.
 	conflicts []string
-	cmps      []clientv3.Cmp
-	then      []clientv3.Op
-	els       []clientv3.Op
+	txn       *pb.TxnRequest // built once (etcdx.Request), nested as is
 	res       chan txnRes
 }
 
@@ -69,7 +72,13 @@ func (b *batcher) do(ctx context.Context, conflict string, cmps []clientv3.Cmp, 
 // doExclusive is do for a transaction that shares no batch with another
 // naming any of conflicts.
 func (b *batcher) doExclusive(ctx context.Context, conflicts []string, cmps []clientv3.Cmp, then, els []clientv3.Op) txnRes {
-	r := &txnReq{conflicts: conflicts, cmps: cmps, then: then, els: els, res: make(chan txnRes, 1)}
+	return b.doTxn(ctx, conflicts, etcdx.Request(cmps, then, els))
+}
+
+// doTxn is doExclusive for a transaction built as protobuf; nothing may
+// change txn after.
+func (b *batcher) doTxn(ctx context.Context, conflicts []string, txn *pb.TxnRequest) txnRes {
+	r := &txnReq{conflicts: conflicts, txn: txn, res: make(chan txnRes, 1)}
 	b.mu.Lock()
 	b.pending = append(b.pending, r)
 	batches := b.take()
@@ -147,11 +156,11 @@ func (b *batcher) commit(batch []*txnReq) {
 		batch[0].res <- b.single(ctx, batch[0])
 		return
 	}
-	ops := make([]clientv3.Op, len(batch))
+	ops := make([]*pb.RequestOp, len(batch))
 	for i, r := range batch {
-		ops[i] = clientv3.OpTxn(r.cmps, r.then, r.els)
+		ops[i] = etcdx.OpTxn(r.txn)
 	}
-	resp, err := b.cli.Txn(ctx).Then(ops...).Commit()
+	resp, err := b.kv().Commit(ctx, etcdx.Txn(nil, ops, nil))
 	if err != nil {
 		if isRequestError(err) {
 			// One member is at fault (say a lease that just expired): it
@@ -173,11 +182,16 @@ func (b *batcher) commit(batch []*txnReq) {
 }
 
 func (b *batcher) single(ctx context.Context, r *txnReq) txnRes {
-	resp, err := b.cli.Txn(ctx).If(r.cmps...).Then(r.then...).Else(r.els...).Commit()
+	resp, err := b.kv().Commit(ctx, r.txn)
 	if err != nil {
 		return txnRes{err: err}
 	}
 	return txnRes{rev: resp.Header.Revision, ok: resp.Succeeded, resps: resp.Responses}
+}
+
+func (b *batcher) kv() *etcdx.Txns {
+	b.txnsOnce.Do(func() { b.txns = etcdx.NewTxns(b.cli) })
+	return b.txns
 }
 
 // isRequestError: etcd refused the request itself, not for unavailability.

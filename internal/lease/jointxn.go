@@ -5,6 +5,8 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/coordinatord/coordinatord/internal/etcdx"
 )
 
 // The join's transaction: how it is built, committed and read.
@@ -91,15 +93,24 @@ func (m *Manager) joinTxn(ctx context.Context, a *attempt, o acquireOptions, sl 
 		cmps = append([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(guard), "=", 0)}, cmps...)
 		els = append([]clientv3.Op{clientv3.OpGet(guard, clientv3.WithCountOnly())}, els...)
 	}
-	then := append([]clientv3.Op{clientv3.OpTxn(free, hold, queue)}, extra...)
+	txn := nestedJoin(cmps, free, hold, queue, extra, els)
 	if !a.session {
-		return m.batch.doExclusive(ctx, conflicts, cmps, then, els), shape
+		return m.batch.doTxn(ctx, conflicts, txn), shape
 	}
-	resp, err := m.cli.Txn(ctx).If(cmps...).Then(then...).Else(els...).Commit()
+	resp, err := m.batch.kv().Commit(ctx, txn)
 	if err != nil {
 		return txnRes{err: err}, shape
 	}
 	return txnRes{rev: resp.Header.Revision, ok: resp.Succeeded, resps: resp.Responses}, shape
+}
+
+// nestedJoin is If(cmps).Then(OpTxn(free, hold, queue), extra...).Else(els)
+// as protobuf (etcdx.Request): clientv3 would clone the compares of the
+// nested transaction twice, by reflection.
+func nestedJoin(cmps, free []clientv3.Cmp, hold, queue, extra, els []clientv3.Op) *pb.TxnRequest {
+	txn := etcdx.Request(cmps, extra, els)
+	txn.Success = append([]*pb.RequestOp{etcdx.OpTxn(etcdx.Request(free, hold, queue))}, txn.Success...)
+	return txn
 }
 
 // joinBranches is the flat join: if the queue admits a new entry

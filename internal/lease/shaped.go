@@ -130,6 +130,6 @@ func (q admission) readerBlocker(ctx context.Context, kv clientv3.KV, token int6
 			return target{key: string(older[i].Key)}, "", nil
 		}
 	}
-	key, errOp, err := q.delayBlocker(ctx, kv, token)
+	key, errOp, err := q.delayBlocker(ctx, kv)
 	return target{key: key}, errOp, err
 }

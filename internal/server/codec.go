@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
@@ -49,17 +50,29 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 // and then always runs the interceptor chain with it, and a stream message
 // is decoded inside the RecvMsg that the stream interceptor wraps, so every
 // entry is taken right after it is put.
-type badMessages struct{ m sync.Map } // proto.Message -> error
+// n counts the entries, so that take skips the map while none is left: a
+// put happens before its take, in the same goroutine.
+type badMessages struct {
+	m sync.Map // proto.Message -> error
+	n atomic.Int64
+}
 
-func (b *badMessages) put(m proto.Message, err error) { b.m.Store(m, err) }
+func (b *badMessages) put(m proto.Message, err error) {
+	b.n.Add(1)
+	b.m.Store(m, err)
+}
 
 // take returns INVALID_ARGUMENT (reason MALFORMED_MESSAGE) if m did not
 // decode, and forgets it.
 func (b *badMessages) take(m any) error {
+	if b.n.Load() == 0 {
+		return nil
+	}
 	v, ok := b.m.LoadAndDelete(m)
 	if !ok {
 		return nil
 	}
+	b.n.Add(-1)
 	name := string(m.(proto.Message).ProtoReflect().Descriptor().FullName())
 	return errMalformedMessage(name, v)
 }

@@ -26,8 +26,9 @@ func identify(ctx context.Context, store *authz.Store, fromCN bool) (string, err
 				"issue it with one (its subject CN counts only with --tls-identity-from-cn)")
 		}
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get("authorization")
+	// Not FromIncomingContext: it copies every key of the metadata on
+	// every call (28% of the interceptor chain's CPU with a bearer token).
+	vals := metadata.ValueFromIncomingContext(ctx, "authorization")
 	if len(vals) == 0 {
 		return "", errNoCredentials("no client certificate and no bearer token: present a client certificate or the metadata \"authorization: Bearer <token>\"")
 	}

@@ -3,9 +3,9 @@ package server
 import (
 	"context"
 	"strings"
+	"sync"
 	"time"
 
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -17,7 +17,8 @@ import (
 )
 
 // Metrics are the Prometheus metrics of one coordinator: per-RPC counters
-// and latency histograms (go-grpc-middleware's grpc_server_*), and lock
+// and latency histograms (go-grpc-middleware's grpc_server_*, see
+// rpcMetrics), and lock
 // metrics read from the requests and answers of the LockService:
 //
 //	coordinatord_acquisitions_total{outcome}       Acquire calls by outcome: granted, not_granted (ABORTED), or the gRPC code in snake case
@@ -32,7 +33,7 @@ import (
 //	coordinatord_counter_hits_total{outcome}       CounterService.Hit calls: allowed, refused, uncounted (FAIL_OPEN), replayed (request_id), or the gRPC code (never the counter's name)
 //	coordinatord_build_info{version,revision,goversion}   always 1: the build serving (internal/version)
 type Metrics struct {
-	rpc          *grpcprom.ServerMetrics
+	rpc          *rpcMetrics
 	acquisitions *prometheus.CounterVec
 	grants       *prometheus.CounterVec
 	waitSeconds  *prometheus.HistogramVec
@@ -43,14 +44,34 @@ type Metrics struct {
 	expirations  prometheus.Counter
 	counterHits  *prometheus.CounterVec
 	reg          prometheus.Registerer
+
+	// The series the interceptor feeds, by outcome label, looked up once.
+	acquisitionsBy, grantsBy, validationsBy, releasesBy, renewalsBy, counterHitsBy series[prometheus.Counter]
+	waitSecondsBy                                                                  series[prometheus.Observer]
+}
+
+// series caches the series of a one-label vector by label value:
+// WithLabelValues hashes the value and takes the vector's lock on every
+// call. The label values are outcomes (a few, and gRPC codes), never names.
+type series[T any] struct {
+	with func(...string) T
+	m    sync.Map // label value -> T
+}
+
+func (s *series[T]) get(v string) T {
+	if c, ok := s.m.Load(v); ok {
+		return c.(T)
+	}
+	c := s.with(v)
+	s.m.Store(v, c)
+	return c
 }
 
 // NewMetrics creates the metrics and registers them with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	outcome := []string{"outcome"}
 	m := &Metrics{
-		rpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
-			grpcprom.WithHistogramBuckets([]float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}))),
+		rpc: newRPCMetrics([]float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}),
 		acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "coordinatord_acquisitions_total", Help: "Acquire calls by outcome: granted, not_granted (ABORTED: the wait elapsed), or the gRPC code of the failure.",
 		}, outcome),
@@ -88,6 +109,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, outcome),
 		reg: reg,
 	}
+	m.acquisitionsBy.with, m.grantsBy.with, m.validationsBy.with = m.acquisitions.WithLabelValues, m.grants.WithLabelValues, m.validations.WithLabelValues
+	m.releasesBy.with, m.renewalsBy.with, m.counterHitsBy.with = m.releases.WithLabelValues, m.renewals.WithLabelValues, m.counterHits.WithLabelValues
+	m.waitSecondsBy.with = m.waitSeconds.WithLabelValues
 	reg.MustRegister(m.rpc, m.acquisitions, m.grants, m.waitSeconds, m.validations, m.releases, m.renewals, m.holdSeconds, m.expirations, m.counterHits, buildInfo())
 	// The usual outcomes start at zero, so that rate() sees their first event.
 	for _, o := range []string{"granted", "not_granted"} {
@@ -149,12 +173,12 @@ func (m *Metrics) GrantEnded(e lease.GrantEnd) {
 // (outermost, before logging).
 func (m *Metrics) Option() Option {
 	return WithOuterInterceptors(
-		[]grpc.UnaryServerInterceptor{m.rpc.UnaryServerInterceptor(), m.lockInterceptor},
-		[]grpc.StreamServerInterceptor{m.rpc.StreamServerInterceptor()})
+		[]grpc.UnaryServerInterceptor{m.rpc.unary, m.lockInterceptor},
+		[]grpc.StreamServerInterceptor{m.rpc.stream})
 }
 
 // Initialize pre-creates the per-RPC series of every method of gs at zero.
-func (m *Metrics) Initialize(gs *grpc.Server) { m.rpc.InitializeMetrics(gs) }
+func (m *Metrics) Initialize(gs *grpc.Server) { m.rpc.initialize(gs) }
 
 // CountLocks adds the gauges coordinatord_locks_held and
 // coordinatord_lock_waiters, computed by count at every scrape (bounded by
@@ -190,8 +214,23 @@ func (c *lockCensus) Collect(ch chan<- prometheus.Metric) {
 
 // codeLabel is a gRPC code in snake case ("not_found").
 func codeLabel(c codes.Code) string {
+	if int(c) < len(codeLabels) {
+		return codeLabels[c]
+	}
+	return snakeCase(c.String())
+}
+
+// codeLabels are the labels of the codes gRPC defines, computed once.
+var codeLabels = func() (l [codes.Unauthenticated + 1]string) {
+	for c := range codes.Unauthenticated + 1 {
+		l[c] = snakeCase(c.String())
+	}
+	return l
+}()
+
+func snakeCase(s string) string {
 	var b strings.Builder
-	for i, r := range c.String() {
+	for i, r := range s {
 		if r >= 'A' && r <= 'Z' {
 			if i > 0 {
 				b.WriteByte('_')
@@ -203,12 +242,30 @@ func codeLabel(c codes.Code) string {
 	return b.String()
 }
 
+// reasonLabels are the outcome labels of the ValidateToken reasons
+// ("superseded" for REASON_SUPERSEDED), computed once.
+var reasonLabels = func() map[coordinatorv1.ValidateTokenResponse_Reason]string {
+	l := map[coordinatorv1.ValidateTokenResponse_Reason]string{}
+	for v := range coordinatorv1.ValidateTokenResponse_Reason_name {
+		r := coordinatorv1.ValidateTokenResponse_Reason(v)
+		l[r] = reasonLabel(r)
+	}
+	return l
+}()
+
+func reasonLabel(r coordinatorv1.ValidateTokenResponse_Reason) string {
+	return strings.ToLower(strings.TrimPrefix(r.String(), "REASON_"))
+}
+
 func (m *Metrics) lockInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	start := time.Now()
+	var start time.Time
+	if info.FullMethod == coordinatorv1.LockService_Acquire_FullMethodName {
+		start = time.Now()
+	}
 	resp, err := h(ctx, req)
-	c := status.Code(err)
 	switch info.FullMethod {
 	case coordinatorv1.LockService_Acquire_FullMethodName:
+		c := status.Code(err)
 		o := codeLabel(c)
 		switch c {
 		case codes.OK:
@@ -216,34 +273,38 @@ func (m *Metrics) lockInterceptor(ctx context.Context, req any, info *grpc.Unary
 		case codes.Aborted:
 			o = "not_granted"
 		}
-		m.acquisitions.WithLabelValues(o).Inc()
+		m.acquisitionsBy.get(o).Inc()
 		if c == codes.OK {
-			m.grants.WithLabelValues(grantKind(req)).Inc()
+			m.grantsBy.get(grantKind(req)).Inc()
 		}
-		m.waitSeconds.WithLabelValues(o).Observe(time.Since(start).Seconds())
+		m.waitSecondsBy.get(o).Observe(time.Since(start).Seconds())
 	case coordinatorv1.LockService_ValidateToken_FullMethodName:
-		o := codeLabel(c)
+		var o string
 		if r, ok := resp.(*coordinatorv1.ValidateTokenResponse); ok && err == nil {
-			o = strings.ToLower(strings.TrimPrefix(r.GetReason().String(), "REASON_"))
+			if o, ok = reasonLabels[r.GetReason()]; !ok {
+				o = reasonLabel(r.GetReason())
+			}
+		} else {
+			o = codeLabel(status.Code(err))
 		}
-		m.validations.WithLabelValues(o).Inc()
+		m.validationsBy.get(o).Inc()
 	case coordinatorv1.LockService_Release_FullMethodName:
-		o := codeLabel(c)
+		o := codeLabel(status.Code(err))
 		if r, ok := resp.(*coordinatorv1.ReleaseResponse); ok && err == nil {
 			o = "not_released"
 			if r.GetReleased() {
 				o = "released"
 			}
 		}
-		m.releases.WithLabelValues(o).Inc()
+		m.releasesBy.get(o).Inc()
 	case coordinatorv1.LockService_KeepAlive_FullMethodName:
-		o := codeLabel(c)
+		o := codeLabel(status.Code(err))
 		if err == nil {
 			o = "renewed"
 		}
-		m.renewals.WithLabelValues(o).Inc()
+		m.renewalsBy.get(o).Inc()
 	case coordinatorv1.CounterService_Hit_FullMethodName:
-		m.counterHits.WithLabelValues(hitOutcome(resp, err)).Inc()
+		m.counterHitsBy.get(hitOutcome(resp, err)).Inc()
 	}
 	return resp, err
 }

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -22,7 +23,7 @@ import (
 // beyond the limit ends the stream with that error. Health and reflection
 // are not limited.
 func RateLimit(rps float64, burst int) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
-	rl := &rateLimiter{rps: rate.Limit(rps), burst: burst, m: map[string]*callerLimit{}}
+	rl := &rateLimiter{rps: rate.Limit(rps), burst: burst, m: map[callerKey]*callerLimit{}}
 	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if !exempt(info.FullMethod) {
 			if err := rl.allow(ctx); err != nil {
@@ -69,7 +70,7 @@ type rateLimiter struct {
 	rps   rate.Limit
 	burst int
 	mu    sync.Mutex
-	m     map[string]*callerLimit
+	m     map[callerKey]*callerLimit
 }
 
 type callerLimit struct {
@@ -93,8 +94,32 @@ func caller(ctx context.Context) string {
 	return "unknown"
 }
 
+// callerKey is caller's identity as a map key, built without allocating
+// for a TCP peer (caller's string was a third of the rate limit's CPU): the
+// identity, else the IP address (compared as caller compares its string
+// form: an IPv4-mapped IPv6 address is its IPv4 address), else caller.
+type callerKey struct {
+	id    string
+	ip    netip.Addr
+	other string
+}
+
+func rateKey(ctx context.Context) callerKey {
+	if id, ok := authz.FromContext(ctx); ok {
+		return callerKey{id: id}
+	}
+	if p, ok := peer.FromContext(ctx); ok {
+		if a, ok := p.Addr.(*net.TCPAddr); ok && a != nil {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok {
+				return callerKey{ip: ip.Unmap().WithZone(a.Zone)}
+			}
+		}
+	}
+	return callerKey{other: caller(ctx)}
+}
+
 func (r *rateLimiter) allow(ctx context.Context) error {
-	key := caller(ctx)
+	key := rateKey(ctx)
 	now := time.Now()
 	r.mu.Lock()
 	c, ok := r.m[key]
