@@ -120,10 +120,27 @@ func (p *proc) stop(t *testing.T) {
 	select {
 	case err := <-p.done:
 		if err != nil {
+			p.logErrors(t)
 			t.Fatalf("daemon exit after SIGTERM: %v, want status 0", err)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("daemon still running 30s after SIGTERM")
+	}
+}
+
+// logErrors logs the daemon's warning and error lines not yet read, so a
+// failed stop says why.
+func (p *proc) logErrors(t *testing.T) {
+	t.Helper()
+	for {
+		select {
+		case l := <-p.logs:
+			if lv, _ := l["level"].(string); lv == "WARN" || lv == "ERROR" {
+				t.Logf("daemon log: %v", l)
+			}
+		default:
+			return
+		}
 	}
 }
 

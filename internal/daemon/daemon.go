@@ -36,7 +36,8 @@ import (
 )
 
 // readyService is the gRPC health service name that follows etcd's
-// reachability (the empty name "" stays SERVING until shutdown: liveness).
+// reachability and the token epoch (readinessProbe); the empty name "" stays
+// SERVING until shutdown (liveness).
 const readyService = "coordinator.v1.LockService"
 
 // Daemon is one coordinatord: built by New, served by Run, released by
@@ -115,12 +116,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 }
 
 // serve starts, in g, every server and background job of the daemon; each
-// ends when gctx does or its server stops.
+// ends when gctx does or its server stops. A server the drain stopped before
+// its Serve began (a stop right after start) answers ErrServerStopped (or
+// http.ErrServerClosed): a clean end, not a failure.
 func (d *Daemon) serve(g *errgroup.Group, gctx context.Context) {
 	cfg, coord := d.cfg, d.coord
 	if d.hgs != nil {
 		g.Go(func() error {
-			if err := d.hgs.Serve(d.hlis); err != nil {
+			if err := d.hgs.Serve(d.hlis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 				return fmt.Errorf("health serve: %w", err)
 			}
 			return nil
@@ -131,7 +134,7 @@ func (d *Daemon) serve(g *errgroup.Group, gctx context.Context) {
 	if d.hsrv != nil {
 		// Hold times and expiries are seen in etcd's history, from the
 		// revision read at start-up on (only when metrics are served).
-		g.Go(func() error { return coord.Leases().WatchEnds(gctx, d.startRev, d.metrics.GrantEnded) })
+		g.Go(func() error { return coord.WatchEnds(gctx, d.startRev, d.metrics.GrantEnded) })
 		g.Go(func() error {
 			if err := d.hsrv.Serve(d.mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("metrics serve: %w", err)
@@ -140,7 +143,7 @@ func (d *Daemon) serve(g *errgroup.Group, gctx context.Context) {
 		})
 	}
 	g.Go(func() error {
-		if err := coord.Serve(d.lis); err != nil {
+		if err := coord.Serve(d.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			return fmt.Errorf("grpc serve: %w", err)
 		}
 		return nil

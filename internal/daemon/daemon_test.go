@@ -373,3 +373,27 @@ func TestLimitsAreWired(t *testing.T) {
 	}
 	r.stop()
 }
+
+// A daemon stopped as soon as it starts (a SIGTERM right after "serving")
+// still stops cleanly: a server whose Serve had not begun when the drain
+// stopped it is not a failure. It used to be one ("grpc serve: the server
+// has been stopped"), and coordinatord exited 1 on a plain SIGTERM.
+func TestRunStoppedBeforeItServesReturnsNil(t *testing.T) {
+	for i := range 5 {
+		cfg := daemon.Config{
+			Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", HealthListen: "127.0.0.1:0",
+			DataDir: t.TempDir(), DefaultTTL: 15 * time.Second, MaxTTL: time.Minute, ShutdownTimeout: 5 * time.Second,
+		}
+		d, err := daemon.New(ctxT(t), cfg.WithDefaults())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		err = d.Run(ctx)
+		d.Close()
+		if err != nil {
+			t.Fatalf("run %d: Run stopped at once: %v, want nil", i, err)
+		}
+	}
+}
