@@ -38,17 +38,21 @@ func WithIdentityFromCN() AuthOption { return func(c *authConfig) { c.fromCN = t
 // Otherwise PERMISSION_DENIED, before the handler runs: nothing about the
 // lock is read or revealed.
 //
-// Revocation: every open stream is checked again whenever the store loads
-// changed files; one whose credential no longer names its identity ends with
+// Revocation: every open stream, and every Acquire in progress (it may be
+// waiting in a queue), is checked again whenever the store loads changed
+// files; one whose credential no longer names its identity ends with
 // UNAUTHENTICATED, one its identity may no longer use with
 // PERMISSION_DENIED (reason IDENTITY_REVOKED), so a revoked identity keeps
-// no Hold or Watch stream past the next reload.
+// no Hold or Watch stream, and no place in a queue, past the next reload.
+// An Acquire granted before the revocation reached it answers its grant,
+// as one granted just before the change would; the grant's KeepAlive and
+// Release are refused from then on like any call of the identity.
 func AuthInterceptors(store *authz.Store, opts ...AuthOption) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
 	var cfg authConfig
 	for _, o := range opts {
 		o(&cfg)
 	}
-	open := newOpenStreams()
+	open := newOpenCalls()
 	store.OnChange(open.recheck)
 	unary := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if exempt(info.FullMethod) {
@@ -61,7 +65,18 @@ func AuthInterceptors(store *authz.Store, opts ...AuthOption) (grpc.UnaryServerI
 		if err := authorize(store.Policy(), id, info.FullMethod, req); err != nil {
 			return nil, err
 		}
-		return h(withLockScope(authz.NewContext(ctx, id), store, id), req)
+		scoped := withLockScope(authz.NewContext(ctx, id), store, id)
+		if !revocableUnary[info.FullMethod] {
+			return h(scoped, req)
+		}
+		c := newAuthCall(ctx, scoped, id, info.FullMethod, req, store, cfg)
+		open.add(c)
+		defer func() { open.remove(c); c.cancel(nil) }()
+		resp, err := h(c.ctx, req)
+		if r := c.revocation(); r != nil && err != nil {
+			return nil, r
+		}
+		return resp, err
 	}
 	stream := func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		if exempt(info.FullMethod) {
@@ -76,7 +91,7 @@ func AuthInterceptors(store *authz.Store, opts ...AuthOption) (grpc.UnaryServerI
 		}
 		as := newAuthStream(ss, id, info.FullMethod, store, cfg)
 		open.add(as)
-		defer open.remove(as)
+		defer func() { open.remove(as); as.cancel(nil) }()
 		err = h(srv, as)
 		if r := as.revocation(); r != nil {
 			return r
@@ -91,21 +106,20 @@ func AuthInterceptors(store *authz.Store, opts ...AuthOption) (grpc.UnaryServerI
 // policy change.
 type authStream struct {
 	grpc.ServerStream
+	ending
 	ctx    context.Context
-	cancel context.CancelCauseFunc
 	id     string
 	method string
 	store  *authz.Store
 	cfg    authConfig
 
-	mu      sync.Mutex
-	first   any   // the first message received, once authorized
-	revoked error // the status that ended the stream, once revoked
+	mu    sync.Mutex
+	first any // the first message received, once authorized
 }
 
 func newAuthStream(ss grpc.ServerStream, id, method string, store *authz.Store, cfg authConfig) *authStream {
 	ctx, cancel := context.WithCancelCause(withLockScope(authz.NewContext(ss.Context(), id), store, id))
-	return &authStream{ServerStream: ss, ctx: ctx, cancel: cancel, id: id, method: method, store: store, cfg: cfg}
+	return &authStream{ServerStream: ss, ending: ending{cancel: cancel}, ctx: ctx, id: id, method: method, store: store, cfg: cfg}
 }
 
 func (s *authStream) Context() context.Context { return s.ctx }

@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -15,8 +16,9 @@ import (
 
 // reasonOf is the ErrorInfo reason of a status error, "" if none.
 
-// A revoked identity keeps none of its streams: once the store reloads the
-// changed policy (or token file), its open Hold and Watch streams end with
+// A revoked identity keeps none of its streams and none of its waits: once
+// the store reloads the changed policy (or token file), its open Hold and
+// Watch streams and its Acquires waiting in a queue end with
 // PERMISSION_DENIED (policy) or UNAUTHENTICATED (token), reason
 // IDENTITY_REVOKED, while another identity's streams go on.
 func TestRevokedIdentityLosesItsStreams(t *testing.T) {
@@ -77,23 +79,43 @@ func TestRevokedIdentityLosesItsStreams(t *testing.T) {
 				t.Fatal(err)
 			}
 			bHold, bWatch := hold(b, "b/held"), watch(b, "b/watched")
+			// A unary Acquire waiting in the queue of a lock a holds.
+			if _, err := a.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "a/queued", Ttl: dur(time.Minute)}); err != nil {
+				t.Fatal(err)
+			}
+			aWaiting := make(chan error, 1)
+			go func() {
+				_, err := a.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "a/queued", Ttl: dur(time.Minute), Wait: dur(time.Minute)})
+				aWaiting <- err
+			}()
+			waiters := func() int {
+				d, err := e.mgr.Describe(context.Background(), "a/queued")
+				if err != nil {
+					t.Fatal(err)
+				}
+				return len(d.Waiters)
+			}
+			eventually(t, 10*time.Second, "the second Acquire waits", func() bool { return waiters() == 1 })
 
 			tc.revoke(t, filepath.Dir(pf))
 			if changed, err := store.Reload(); err != nil || !changed {
 				t.Fatalf("reload: %v, %v", changed, err)
 			}
 			ended := map[string]func() error{
-				"Hold":  func() error { _, err := aHold.Recv(); return err },
-				"Watch": func() error { _, err := aWatch.Recv(); return err },
+				"the Hold stream":  func() error { _, err := aHold.Recv(); return err },
+				"the Watch stream": func() error { _, err := aWatch.Recv(); return err },
 			}
+			ended["a waiting Acquire"] = func() error { return <-aWaiting }
 			if tc.silentEnds {
-				ended["Hold, silent"] = func() error { _, err := aIdle.Recv(); return err }
+				ended["a silent Hold stream"] = func() error { _, err := aIdle.Recv(); return err }
 			}
 			for what, recv := range ended {
 				if err := recv(); code(err) != tc.want || reasonOf(err) != "IDENTITY_REVOKED" {
-					t.Errorf("%s stream of the revoked identity: %v (reason %q), want %v IDENTITY_REVOKED", what, err, reasonOf(err), tc.want)
+					t.Errorf("%s of the revoked identity: %v (reason %q), want %v IDENTITY_REVOKED", what, err, reasonOf(err), tc.want)
 				}
 			}
+			// The revoked waiter left the queue (its queue key was removed).
+			eventually(t, 10*time.Second, "the revoked waiter leaves the queue", func() bool { return waiters() == 0 })
 			// The other identity's streams go on: a heartbeat is answered.
 			if err := bHold.Send(&coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Heartbeat{Heartbeat: &coordinatorv1.HoldHeartbeat{}}}); err != nil {
 				t.Fatal(err)
