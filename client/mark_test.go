@@ -85,3 +85,45 @@ func TestMarkPagesReadsEveryPage(t *testing.T) {
 		t.Errorf("Marks = %q, want %q", got, want)
 	}
 }
+
+// TestSlotMarkCalls: the marks a semaphore's holders raise, one per
+// (resource, slot), are listed with their slot, and OfSlot reaches each
+// apart from the resource's own mark.
+func TestSlotMarkCalls(t *testing.T) {
+	c := client.New(mustConn(t))
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	g, err := c.AcquireGrant(ctx, "slot-marks/sem", client.WithLimit(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.ValidateToken(ctx, g.Name, g.Token, "slot-marks/res"); err != nil || !v.Valid {
+		t.Fatalf("ValidateToken: %+v, %v", v, err)
+	}
+	var listed []client.Mark
+	for m, err := range c.Marks(ctx, "slot-marks/") {
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed = append(listed, m)
+	}
+	if len(listed) != 1 || listed[0].Resource != "slot-marks/res" || !listed[0].PerSlot || listed[0].Slot != g.Slot || listed[0].Token != g.Token {
+		t.Fatalf("Marks: %+v, want slot %d's mark of slot-marks/res at %d", listed, g.Slot, g.Token)
+	}
+	if _, err := c.GetMark(ctx, "slot-marks/res"); status.Code(err) != codes.NotFound {
+		t.Fatalf("the resource's own mark: %v, want NOT_FOUND", err)
+	}
+	if m, err := c.GetMark(ctx, "slot-marks/res", client.OfSlot(g.Slot)); err != nil || m.Token != g.Token || !m.PerSlot || m.Slot != g.Slot {
+		t.Fatalf("GetMark OfSlot(%d): %+v, %v", g.Slot, m, err)
+	}
+	if m, err := c.RebindMark(ctx, "slot-marks/res", "slot-marks/other", client.OfSlot(g.Slot)); err != nil || m.Lock != "slot-marks/other" {
+		t.Fatalf("RebindMark OfSlot(%d): %+v, %v", g.Slot, m, err)
+	}
+	if m, err := c.DeleteMark(ctx, "slot-marks/res", client.OfSlot(g.Slot)); err != nil || m.Token != g.Token {
+		t.Fatalf("DeleteMark OfSlot(%d): %+v, %v", g.Slot, m, err)
+	}
+	if _, err := c.GetMark(ctx, "slot-marks/res", client.OfSlot(-1)); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("OfSlot(-1): %v, want INVALID_ARGUMENT", err)
+	}
+}

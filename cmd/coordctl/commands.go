@@ -19,12 +19,19 @@ import (
 // (run), then how it shows the answer (print, in print.go and below).
 var commands = []command{
 	{name: "acquire", spec: spec[acquireLine, client.Grant]{
-		synopsis: "NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--max-hold D] [--session]", extraHelp: sessionHelp,
-		examples: "  coordctl acquire reports/nightly --ttl 30s --owner host-a\n  coordctl -o json acquire reports/nightly --wait 0s\n  COORDCTL_SESSION=$SESSION coordctl acquire reports/nightly --session\n",
+		synopsis: "NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D] [--max-hold D] [--limit N | --shared] [--session]", extraHelp: sessionHelp,
+		examples: "  coordctl acquire reports/nightly --ttl 30s --owner host-a\n  coordctl -o json acquire reports/nightly --wait 0s\n  coordctl acquire db/migrations --limit 2\n  COORDCTL_SESSION=$SESSION coordctl acquire reports/nightly --session\n",
 		minArgs:  1, maxArgs: 1,
-		flags: func(fs *flag.FlagSet, f *acquireLine) { f.lock.register(fs); f.session.register(fs) },
+		flags: func(fs *flag.FlagSet, f *acquireLine) {
+			f.lock.register(fs)
+			f.shape.register(fs, "hold one (its SLOT is printed; tokens rise per slot)", "hold it as one of its readers (without it: as its writer)")
+			f.session.register(fs)
+		},
 		args: func(e *env, pos []string, f *acquireLine) int {
 			f.name = pos[0]
+			if code := f.shape.check(e); code != -1 {
+				return code
+			}
 			if !f.session.wanted() {
 				return -1
 			}
@@ -163,41 +170,44 @@ var commands = []command{
 		run:   listMarks,
 		print: printMarks[string],
 	}},
-	{name: "marks get", spec: spec[string, client.Mark]{
-		synopsis: "RESOURCE",
-		examples: "  coordctl marks get s3/reports\n",
+	{name: "marks get", spec: spec[markLine, client.Mark]{
+		synopsis: "RESOURCE [--slot K]",
+		examples: "  coordctl marks get s3/reports\n  coordctl marks get s3/reports --slot 1\n",
 		minArgs:  1, maxArgs: 1,
-		args: func(_ *env, pos []string, r *string) int { *r = pos[0]; return -1 },
-		run: func(x *call[string]) (client.Mark, error) {
+		flags: func(fs *flag.FlagSet, f *markLine) { f.register(fs) },
+		args:  func(_ *env, pos []string, f *markLine) int { f.resource = pos[0]; return -1 },
+		run: func(x *call[markLine]) (client.Mark, error) {
 			ctx, cancel := x.bounded()
 			defer cancel()
-			return x.c.GetMark(ctx, *x.f)
+			return x.c.GetMark(ctx, x.f.resource, x.f.options()...)
 		},
-		print: printMark[string],
+		print: printMark[markLine],
 	}},
-	{name: "marks delete", spec: spec[string, client.Mark]{
-		synopsis: "RESOURCE",
+	{name: "marks delete", spec: spec[markLine, client.Mark]{
+		synopsis: "RESOURCE [--slot K]",
 		examples: "  coordctl marks delete s3/retired-bucket\n",
 		minArgs:  1, maxArgs: 1,
-		args: func(_ *env, pos []string, r *string) int { *r = pos[0]; return -1 },
-		run: func(x *call[string]) (client.Mark, error) {
+		flags: func(fs *flag.FlagSet, f *markLine) { f.register(fs) },
+		args:  func(_ *env, pos []string, f *markLine) int { f.resource = pos[0]; return -1 },
+		run: func(x *call[markLine]) (client.Mark, error) {
 			ctx, cancel := x.bounded()
 			defer cancel()
-			return x.c.DeleteMark(ctx, *x.f)
+			return x.c.DeleteMark(ctx, x.f.resource, x.f.options()...)
 		},
-		print: printMark[string],
+		print: printMark[markLine],
 	}},
-	{name: "marks rebind", spec: spec[resourceLock, client.Mark]{
-		synopsis: "RESOURCE LOCK",
+	{name: "marks rebind", spec: spec[markLine, client.Mark]{
+		synopsis: "RESOURCE LOCK [--slot K]",
 		examples: "  coordctl marks rebind s3/reports jobs/reports-v2\n",
 		minArgs:  2, maxArgs: 2,
-		args: func(_ *env, pos []string, f *resourceLock) int { f.resource, f.lock = pos[0], pos[1]; return -1 },
-		run: func(x *call[resourceLock]) (client.Mark, error) {
+		flags: func(fs *flag.FlagSet, f *markLine) { f.register(fs) },
+		args:  func(_ *env, pos []string, f *markLine) int { f.resource, f.lock = pos[0], pos[1]; return -1 },
+		run: func(x *call[markLine]) (client.Mark, error) {
 			ctx, cancel := x.bounded()
 			defer cancel()
-			return x.c.RebindMark(ctx, x.f.resource, x.f.lock)
+			return x.c.RebindMark(ctx, x.f.resource, x.f.lock, x.f.options()...)
 		},
-		print: printMark[resourceLock],
+		print: printMark[markLine],
 	}},
 	{name: "epoch", spec: spec[struct{}, client.Epoch]{
 		synopsis: "[-o json]", extraHelp: epochHelp,
@@ -299,6 +309,7 @@ func isGroup(word string) bool {
 type acquireLine struct {
 	name    string
 	lock    lockFlags
+	shape   shapeFlags
 	session sessionFlags
 }
 
@@ -318,10 +329,11 @@ func runAcquire(x *call[acquireLine]) (client.Grant, error) {
 	}
 	var g client.Grant
 	var err error
+	opts := append(x.f.lock.options(), x.f.shape.options()...)
 	if x.f.session.wanted() {
-		g, err = x.c.ResumeSession(x.f.session.handle).Acquire(ctx, x.f.name, x.f.lock.options()...)
+		g, err = x.c.ResumeSession(x.f.session.handle).Acquire(ctx, x.f.name, opts...)
 	} else {
-		g, err = x.c.AcquireGrant(ctx, x.f.name, x.f.lock.options()...)
+		g, err = x.c.AcquireGrant(ctx, x.f.name, opts...)
 	}
 	if held := (*client.HeldError)(nil); errors.As(err, &held) {
 		err = held.Unwrap() // the server's ABORTED, as acquire has always shown it

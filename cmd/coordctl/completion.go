@@ -35,7 +35,7 @@ _coordctl() {
     case "$prev" in
         -o) COMPREPLY=($(compgen -W "table json" -- "$cur")); return ;;
         --tls-ca|--tls-cert|--tls-key|--token-file|--handle-file|--session-file|-tls-ca|-tls-cert|-tls-key|-token-file|-handle-file|-session-file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
-        --addr|--timeout|--ttl|--wait|--owner|--lock-delay|--max-hold|--grace|--resource|--count|--start-revision|--tls-server-name|--limit|--window|--hits|--request-id) return ;;
+        --addr|--timeout|--ttl|--wait|--owner|--lock-delay|--max-hold|--grace|--resource|--count|--start-revision|--tls-server-name|--limit|--window|--hits|--request-id|--slot|--last-revision|--margin) return ;;
     esac
     if [[ -z "$cmd" ]]; then
         if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$conn" -- "$cur")); else COMPREPLY=($(compgen -W "$cmds" -- "$cur")); fi
@@ -43,7 +43,7 @@ _coordctl() {
     fi
     local flags="$conn"
     case "$cmd" in
-        acquire) flags="$flags --ttl --wait --owner --lock-delay --max-hold --session --session-file" ;;
+        acquire) flags="$flags --ttl --wait --owner --lock-delay --max-hold --limit --shared --session --session-file" ;;
         release|keepalive) flags="$flags --handle-file" ;;
         session|marks|counter)
             # the group's commands, then their flags (no names: a session, a mark or a counter is not a lock)
@@ -56,10 +56,15 @@ _coordctl() {
                 esac
                 return
             fi
-            case "$sub" in open) flags="$flags --ttl --owner" ;; keepalive|close) flags="$flags --session-file" ;; esac
+            case "$cmd $sub" in
+                "session open") flags="$flags --ttl --owner" ;;
+                "session keepalive"|"session close") flags="$flags --session-file" ;;
+                "marks get"|"marks delete"|"marks rebind") flags="$flags --slot" ;;
+            esac
             if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$flags" -- "$cur")); fi
             return ;;
-        exec) flags="$flags --ttl --wait --owner --lock-delay --max-hold --grace --" ;;
+        exec) flags="$flags --ttl --wait --owner --lock-delay --max-hold --limit --shared --grace --" ;;
+        restore-plan) flags="$flags --last-revision --margin" ;;
         validate) flags="$flags --resource" ;;
         watch) flags="$flags --count --start-revision" ;;
         hit) flags="$flags --limit --window --hits --token-bucket --fail-open --request-id" ;;

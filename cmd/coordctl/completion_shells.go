@@ -28,7 +28,7 @@ _coordctl() {
     case "${words[CURRENT-1]}" in
         -o) compadd -- table json; return ;;
         --tls-ca|--tls-cert|--tls-key|--token-file|--handle-file|--session-file) _files; return ;;
-        --addr|--timeout|--ttl|--wait|--owner|--lock-delay|--max-hold|--grace|--resource|--count|--start-revision|--tls-server-name|--limit|--window|--hits|--request-id) return ;;
+        --addr|--timeout|--ttl|--wait|--owner|--lock-delay|--max-hold|--grace|--resource|--count|--start-revision|--tls-server-name|--limit|--window|--hits|--request-id|--slot|--last-revision|--margin) return ;;
     esac
     if [[ -z "$cmd" ]]; then
         if [[ "$PREFIX" == -* ]]; then compadd -- $conn; else compadd -- $cmds; fi
@@ -36,16 +36,18 @@ _coordctl() {
     fi
     flags=($conn)
     case "$cmd" in
-        acquire) flags+=(--ttl --wait --owner --lock-delay --max-hold --session --session-file) ;;
+        acquire) flags+=(--ttl --wait --owner --lock-delay --max-hold --limit --shared --session --session-file) ;;
         release|keepalive) flags+=(--handle-file) ;;
-        exec) flags+=(--ttl --wait --owner --lock-delay --max-hold --grace --) ;;
+        exec) flags+=(--ttl --wait --owner --lock-delay --max-hold --limit --shared --grace --) ;;
+        restore-plan) flags+=(--last-revision --margin) ;;
         validate) flags+=(--resource) ;;
         watch) flags+=(--count --start-revision) ;;
         session)
             if ((CURRENT == i + 1)); then compadd -- open keepalive close; return; fi
             case "$sub" in open) flags+=(--ttl --owner) ;; keepalive|close) flags+=(--session-file) ;; esac ;;
         marks)
-            if ((CURRENT == i + 1)); then compadd -- list get delete rebind; return; fi ;;
+            if ((CURRENT == i + 1)); then compadd -- list get delete rebind; return; fi
+            case "$sub" in get|delete|rebind) flags+=(--slot) ;; esac ;;
         counter)
             if ((CURRENT == i + 1)); then compadd -- get reset; return; fi ;;
         hit) flags+=(--limit --window --hits --token-bucket --fail-open --request-id) ;;
@@ -119,7 +121,18 @@ complete -c coordctl -n '__coordctl_is acquire exec' -l wait -x -d 'queue wait'
 complete -c coordctl -n '__coordctl_is acquire exec' -l owner -x -d 'who holds the lock'
 complete -c coordctl -n '__coordctl_is acquire exec' -l lock-delay -x
 complete -c coordctl -n '__coordctl_is acquire exec' -l max-hold -x
+complete -c coordctl -n '__coordctl_is acquire exec' -l limit -x -d 'a semaphore of this many permits'
+complete -c coordctl -n '__coordctl_is acquire exec' -l shared -d 'as a read-write lock reader'
 complete -c coordctl -n '__coordctl_is exec' -l grace -x -d 'SIGKILL after SIGTERM'
+complete -c coordctl -n '__coordctl_is "marks get" "marks delete" "marks rebind"' -l slot -x -d 'a semaphore slot mark'
+complete -c coordctl -n '__coordctl_is hit' -l limit -x -d 'most hits per window'
+complete -c coordctl -n '__coordctl_is hit' -l window -x -d 'window length'
+complete -c coordctl -n '__coordctl_is hit' -l hits -x -d 'hits to count'
+complete -c coordctl -n '__coordctl_is hit' -l token-bucket -d 'token bucket'
+complete -c coordctl -n '__coordctl_is hit' -l fail-open -d 'allow when etcd is unavailable'
+complete -c coordctl -n '__coordctl_is hit' -l request-id -x -d 'idempotency id'
+complete -c coordctl -n '__coordctl_is restore-plan' -l last-revision -x
+complete -c coordctl -n '__coordctl_is restore-plan' -l margin -x
 complete -c coordctl -n '__coordctl_is acquire' -l session -d 'acquire through the session'
 complete -c coordctl -n '__coordctl_is acquire "session keepalive" "session close"' -l session-file -r -F -d 'the session handle file'
 complete -c coordctl -n '__coordctl_is release keepalive' -l handle-file -r -F -d 'the handle file'

@@ -26,16 +26,12 @@ type execLine struct {
 	argv  []string // COMMAND and its arguments
 	lock  lockFlags
 	grace time.Duration
-	// limit makes NAME a semaphore of that many permits; shared takes it
-	// as a read-write lock's reader.
-	limit  int
-	shared bool
+	shape shapeFlags
 }
 
 func (l *execLine) register(fs *flag.FlagSet) {
 	l.lock.register(fs)
-	fs.IntVar(&l.limit, "limit", 0, "NAME is a semaphore of this many permits: run COMMAND while holding one (COORDINATOR_SLOT says which)")
-	fs.BoolVar(&l.shared, "shared", false, "NAME is a read-write lock: run COMMAND as one of its readers (without it: as its writer)")
+	l.shape.register(fs, "run COMMAND while holding one (COORDINATOR_SLOT says which)", "run COMMAND as one of its readers (without it: as its writer)")
 	fs.DurationVar(&l.grace, "grace", 5*time.Second, "after the lock is lost: how long COMMAND has to exit after SIGTERM before SIGKILL")
 }
 
@@ -50,23 +46,12 @@ func (l *execLine) parse(e *env, pos []string) int {
 		fmt.Fprintf(e.stderr, "%s: --grace %v: want a duration >= 0\n", e.name, l.grace)
 		return exitUsage
 	}
-	if l.limit > 1 && l.shared {
-		fmt.Fprintf(e.stderr, "%s: --limit %d with --shared: a semaphore's permits are all alike; use one or the other\n", e.name, l.limit)
-		return exitUsage
-	}
-	return -1
+	return l.shape.check(e)
 }
 
 // options are the acquire options of the command line.
 func (l *execLine) options() []client.AcquireOption {
-	opts := l.lock.options()
-	if l.limit != 0 {
-		opts = append(opts, client.WithLimit(int32(min(max(l.limit, -1), 1<<30))))
-	}
-	if l.shared {
-		opts = append(opts, client.WithShared())
-	}
-	return opts
+	return append(l.lock.options(), l.shape.options()...)
 }
 
 // runExec runs COMMAND under the lock in three steps: acquire it, supervise

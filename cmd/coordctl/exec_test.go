@@ -248,3 +248,34 @@ func TestExecSemaphoreAndShared(t *testing.T) {
 	}
 	must(t, exitUsage, "exec", "cli/x", "--limit", "2", "--shared", "--", "true")
 }
+
+// TestAcquireSemaphoreAndReader: acquire --limit N takes a semaphore's
+// permit and shows its slot (table and JSON, slot 0 too), --shared a
+// reader's hold, shown as such; a third permit of 2 is not acquired, a
+// writer not while a reader holds, and --limit with --shared is a usage
+// error.
+func TestAcquireSemaphoreAndReader(t *testing.T) {
+	a := decode(t, must(t, 0, "-o", "json", "acquire", "cli/acq-sem", "--limit", "2", "--ttl", "1m"))
+	r := must(t, 0, "acquire", "cli/acq-sem", "--limit", "2", "--ttl", "1m")
+	row := tableRow(t, r.stdout, "cli/acq-sem")
+	if !strings.Contains(r.stdout, "SLOT") || len(row) != 7 {
+		t.Fatalf("acquire --limit table: %q, want a SLOT column", r.stdout)
+	}
+	slots := map[string]bool{fmt.Sprint(a["slot"]): true, row[6]: true}
+	if !slots["0"] || !slots["1"] {
+		t.Fatalf("two permits of 2 hold slots %v, want 0 and 1", slots)
+	}
+	must(t, exitNotAcquired, "acquire", "cli/acq-sem", "--limit", "2", "--wait", "0s")
+	must(t, 0, "release", "cli/acq-sem", a["token"].(string), a["handle"].(string))
+	must(t, 0, "release", "cli/acq-sem", row[1], row[2])
+
+	rd := decode(t, must(t, 0, "-o", "json", "acquire", "cli/acq-rw", "--shared"))
+	if rd["mode"] != "LOCK_MODE_SHARED" {
+		t.Fatalf("acquire --shared: %v, want mode LOCK_MODE_SHARED", rd)
+	}
+	if r := must(t, 0, "acquire", "cli/acq-rw", "--shared", "--wait", "0s"); !strings.Contains(r.stdout, "MODE") || !strings.Contains(r.stdout, "shared") {
+		t.Fatalf("a second reader's table: %q, want MODE shared", r.stdout)
+	}
+	must(t, exitNotAcquired, "acquire", "cli/acq-rw", "--wait", "0s")
+	must(t, exitUsage, "acquire", "cli/x", "--limit", "2", "--shared")
+}

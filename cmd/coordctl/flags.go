@@ -52,6 +52,46 @@ func (l *lockFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&l.maxHold, "max-hold", 0, "refuse renewals past acquisition + this (default: the server's -max-hold)")
 }
 
+// shapeFlags are --limit and --shared, of acquire and exec: a semaphore's
+// permit or a read-write lock's reader instead of a mutex.
+type shapeFlags struct {
+	limit  int
+	shared bool
+}
+
+// register adds the flags; permit and reader end their help (what the
+// command does with a permit, and as a reader).
+func (s *shapeFlags) register(fs *flag.FlagSet, permit, reader string) {
+	fs.IntVar(&s.limit, "limit", 0, "NAME is a semaphore of this many permits: "+permit)
+	fs.BoolVar(&s.shared, "shared", false, "NAME is a read-write lock: "+reader)
+}
+
+// check refuses --limit N with --shared (a usage error, exitUsage); -1
+// when the command goes on.
+func (s *shapeFlags) check(e *env) int {
+	if s.limit > 1 && s.shared {
+		fmt.Fprintf(e.stderr, "%s: --limit %d with --shared: a semaphore's permits are all alike; use one or the other\n", e.name, s.limit)
+		return exitUsage
+	}
+	return -1
+}
+
+// semaphore reports whether the flags ask for a semaphore's permit.
+func (s *shapeFlags) semaphore() bool { return s.limit > 1 }
+
+// options are the flags as the SDK's acquire options. A --limit out of
+// int32's range is sent clamped, for the server to refuse by name.
+func (s *shapeFlags) options() []client.AcquireOption {
+	var opts []client.AcquireOption
+	if s.limit != 0 {
+		opts = append(opts, client.WithLimit(int32(min(max(s.limit, -1), 1<<30))))
+	}
+	if s.shared {
+		opts = append(opts, client.WithShared())
+	}
+	return opts
+}
+
 // options are the flags as the SDK's acquire options (unset flags: the
 // server's defaults).
 func (l *lockFlags) options() []client.AcquireOption {

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"flag"
+	"strconv"
+
 	"github.com/coordinatord/coordinatord/client"
 )
 
@@ -10,19 +13,70 @@ type mark struct {
 	Token     string  `json:"token"`
 	Lock      string  `json:"lock"`
 	UpdatedAt *string `json:"updatedAt"`
+	Slot      *int32  `json:"slot"` // a semaphore slot's mark; null for the resource's own
 }
 
 func toMark(m client.Mark) mark {
-	return mark{Resource: m.Resource, Token: i64(m.Token), Lock: m.Lock, UpdatedAt: ts(m.UpdatedAt)}
+	out := mark{Resource: m.Resource, Token: i64(m.Token), Lock: m.Lock, UpdatedAt: ts(m.UpdatedAt)}
+	if m.PerSlot {
+		out.Slot = &m.Slot
+	}
+	return out
 }
 
-// markTable shows marks, one row each.
+// markTable shows marks, one row each; SLOT is "-" for a resource's own
+// mark.
 func (e *env) markTable(ms ...client.Mark) {
-	rows := [][]string{{"RESOURCE", "TOKEN", "LOCK", "UPDATED_AT"}}
+	rows := [][]string{{"RESOURCE", "SLOT", "TOKEN", "LOCK", "UPDATED_AT"}}
 	for _, m := range ms {
-		rows = append(rows, []string{m.Resource, i64(m.Token), m.Lock, cell(m.UpdatedAt)})
+		slot := "-"
+		if m.PerSlot {
+			slot = strconv.Itoa(int(m.Slot))
+		}
+		rows = append(rows, []string{m.Resource, slot, i64(m.Token), m.Lock, cell(m.UpdatedAt)})
 	}
 	e.table(rows...)
+}
+
+// markLine is the command line of marks get, delete and rebind: RESOURCE
+// (LOCK for rebind) and --slot.
+type markLine struct {
+	resource, lock string
+	slot           slotFlag
+}
+
+func (m *markLine) register(fs *flag.FlagSet) {
+	fs.Var(&m.slot, "slot", "the mark of this slot of a semaphore that protects RESOURCE (its holders raise one mark per slot); default: the resource's own mark")
+}
+
+// options are the SDK's mark options of the line.
+func (m *markLine) options() []client.MarkOption {
+	if !m.slot.set {
+		return nil
+	}
+	return []client.MarkOption{client.OfSlot(m.slot.k)}
+}
+
+// slotFlag is a semaphore slot flag that knows whether it was set.
+type slotFlag struct {
+	k   int32
+	set bool
+}
+
+func (s *slotFlag) String() string {
+	if s == nil || !s.set {
+		return ""
+	}
+	return strconv.Itoa(int(s.k))
+}
+
+func (s *slotFlag) Set(v string) error {
+	k, err := strconv.ParseInt(v, 10, 32)
+	if err != nil {
+		return err
+	}
+	s.k, s.set = int32(k), true
+	return nil
 }
 
 // listMarks returns the marks of the resources whose names start with
@@ -57,6 +111,3 @@ func printMark[F any](x *call[F], m client.Mark) int {
 	x.markTable(m)
 	return exitOK
 }
-
-// resourceLock is the RESOURCE LOCK of marks rebind.
-type resourceLock struct{ resource, lock string }

@@ -25,6 +25,8 @@ type grant struct {
 	ExpiresAt  *string `json:"expiresAt"`
 	SafeUntil  *string `json:"safeUntil"`
 	AcquiredAt *string `json:"acquiredAt,omitempty"`
+	Slot       *int32  `json:"slot,omitempty"` // a semaphore's permit, slot 0 too
+	Mode       string  `json:"mode,omitempty"` // a reader's: LOCK_MODE_SHARED
 }
 
 func printGrant(x *call[acquireLine], r client.Grant) int {
@@ -33,14 +35,28 @@ func printGrant(x *call[acquireLine], r client.Grant) int {
 		handle = "" // the session's secret: the caller has it already
 	}
 	if x.output == "json" {
-		x.printJSON(grant{
+		g := grant{
 			Name: x.f.name, Token: i64(r.Token), Handle: handle, LeaseID: i64(r.LeaseID),
 			TTL: dur(r.TTL), ExpiresAt: ts(r.ExpiresAt), SafeUntil: ts(r.SafeUntil), AcquiredAt: ts(r.AcquiredAt),
-		})
-	} else {
-		x.table([]string{"NAME", "TOKEN", "HANDLE", "TTL", "EXPIRES_AT", "SAFE_UNTIL"},
-			[]string{x.f.name, i64(r.Token), dash(handle), r.TTL.String(), cell(r.ExpiresAt), cell(r.SafeUntil)})
+		}
+		if x.f.shape.semaphore() {
+			g.Slot = &r.Slot
+		}
+		if r.Shared {
+			g.Mode = "LOCK_MODE_SHARED"
+		}
+		x.printJSON(g)
+		return exitOK
 	}
+	head := []string{"NAME", "TOKEN", "HANDLE", "TTL", "EXPIRES_AT", "SAFE_UNTIL"}
+	row := []string{x.f.name, i64(r.Token), dash(handle), r.TTL.String(), cell(r.ExpiresAt), cell(r.SafeUntil)}
+	switch {
+	case x.f.shape.semaphore():
+		head, row = append(head, "SLOT"), append(row, strconv.Itoa(int(r.Slot)))
+	case r.Shared:
+		head, row = append(head, "MODE"), append(row, "shared")
+	}
+	x.table(head, row)
 	return exitOK
 }
 

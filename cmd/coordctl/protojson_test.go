@@ -20,6 +20,7 @@ func TestJSONIsProtoJSON(t *testing.T) {
 	a := acquire(t, "cli/protojson", "--ttl", "30s")
 	defer must(t, 0, "release", "cli/protojson", a.token, a.handle)
 	must(t, 0, "validate", "cli/protojson", a.token, "--resource", "cli-protojson/res")
+	_, slot := semaphoreMark(t, "cli/protojson-sem", "cli-protojson-sem/res")
 	tests := []struct {
 		name  string
 		args  []string
@@ -27,12 +28,16 @@ func TestJSONIsProtoJSON(t *testing.T) {
 		extra []string // coordctl's own fields
 	}{
 		{"acquire", []string{"acquire", "cli/protojson-2", "--wait", "0s"}, &coordinatorv1.AcquireResponse{}, []string{"name"}},
+		{"acquire --limit", []string{"acquire", "cli/protojson-sem-2", "--limit", "3", "--wait", "0s"}, &coordinatorv1.AcquireResponse{}, []string{"name"}},
+		{"acquire --shared", []string{"acquire", "cli/protojson-rw", "--shared", "--wait", "0s"}, &coordinatorv1.AcquireResponse{}, []string{"name"}},
 		{"keepalive", []string{"keepalive", "cli/protojson", a.token, a.handle}, &coordinatorv1.KeepAliveResponse{}, []string{"name", "token"}},
 		{"validate", []string{"validate", "cli/protojson", a.token}, &coordinatorv1.ValidateTokenResponse{}, []string{"name", "token"}},
 		{"describe", []string{"describe", "cli/protojson"}, &coordinatorv1.DescribeResponse{}, []string{"name", "held"}},
 		{"list", []string{"list", "cli/protojson"}, &coordinatorv1.ListResponse{}, nil},
 		{"marks get", []string{"marks", "get", "cli-protojson/res"}, &coordinatorv1.GetMarkResponse{}, nil},
 		{"marks list", []string{"marks", "list", "cli-protojson/"}, &coordinatorv1.ListMarksResponse{}, nil},
+		{"marks get --slot", []string{"marks", "get", "cli-protojson-sem/res", "--slot", slot}, &coordinatorv1.GetMarkResponse{}, nil},
+		{"marks list of slot marks", []string{"marks", "list", "cli-protojson-sem/"}, &coordinatorv1.ListMarksResponse{}, nil},
 		{"session open", []string{"session", "open", "--ttl", "5s"}, &coordinatorv1.OpenSessionResponse{}, nil},
 		{"epoch", []string{"epoch"}, &coordinatorv1.GetEpochResponse{}, nil},
 		{"hit", []string{"hit", "cli-protojson/counter", "--limit", "5", "--window", "90s"}, &coordinatorv1.HitResponse{}, nil},

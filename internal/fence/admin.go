@@ -12,19 +12,19 @@ import (
 	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
-// DeleteMark removes the resource's mark (ErrNoMark if it has none) and
+// DeleteMark removes the mark id names (ErrNoMark if it has none) and
 // frees its place in its creator's cap, for admins. It never lets a stale
 // token through: a token validates only while its grant's queue key exists,
 // and etcd never recreates a key with the same create revision, so every
 // token whose grant has ended stays refused by the lock check alone. What
 // is lost is the mark's ownership: the next lock to validate a current
 // token against the resource owns it. It returns the mark as it was.
-func (v *Validator) DeleteMark(ctx context.Context, resource string) (*Mark, error) {
-	if err := keyspace.ValidateName("resource", resource, false); err != nil {
+func (v *Validator) DeleteMark(ctx context.Context, id MarkID) (*Mark, error) {
+	if err := id.validate(); err != nil {
 		return nil, err
 	}
 	for range maxAttempts {
-		kv, m, err := v.readMark(ctx, resource)
+		kv, m, err := v.readMark(ctx, id)
 		if err != nil {
 			return nil, err
 		}
@@ -36,22 +36,22 @@ func (v *Validator) DeleteMark(ctx context.Context, resource string) (*Mark, err
 			return &m, nil
 		}
 	}
-	return nil, fmt.Errorf("%w: %w (resource %q); retry", etcdx.ErrUnavailable, errConflict, resource)
+	return nil, fmt.Errorf("%w: %w (resource %q); retry", etcdx.ErrUnavailable, errConflict, id.Resource)
 }
 
-// RebindMark gives the resource's mark to lock, for admins: the token is
+// RebindMark gives the mark id names to lock, for admins: the token is
 // kept (a token below it is still refused), and from then on only lock's
 // tokens raise it. ErrNoMark if it has none. It returns the mark after the
 // change.
-func (v *Validator) RebindMark(ctx context.Context, resource, lock string) (*Mark, error) {
-	if err := keyspace.ValidateName("resource", resource, false); err != nil {
+func (v *Validator) RebindMark(ctx context.Context, id MarkID, lock string) (*Mark, error) {
+	if err := id.validate(); err != nil {
 		return nil, err
 	}
 	if err := keyspace.ValidateName("lock", lock, false); err != nil {
 		return nil, err
 	}
 	for range maxAttempts {
-		kv, m, err := v.readMark(ctx, resource)
+		kv, m, err := v.readMark(ctx, id)
 		if err != nil {
 			return nil, err
 		}
@@ -67,19 +67,19 @@ func (v *Validator) RebindMark(ctx context.Context, resource, lock string) (*Mar
 			return &m, nil
 		}
 	}
-	return nil, fmt.Errorf("%w: %w (resource %q); retry", etcdx.ErrUnavailable, errConflict, resource)
+	return nil, fmt.Errorf("%w: %w (resource %q); retry", etcdx.ErrUnavailable, errConflict, id.Resource)
 }
 
-// readMark reads the resource's mark key, or ErrNoMark.
-func (v *Validator) readMark(ctx context.Context, resource string) (*mvccpb.KeyValue, Mark, error) {
-	r, err := v.cli.Get(ctx, v.markKey(resource))
+// readMark reads the key of the mark id names, or ErrNoMark.
+func (v *Validator) readMark(ctx context.Context, id MarkID) (*mvccpb.KeyValue, Mark, error) {
+	r, err := v.cli.Get(ctx, id.key(v.ks))
 	if err != nil {
 		return nil, Mark{}, v.etcdErr(ctx, "get mark", err)
 	}
 	if len(r.Kvs) == 0 {
-		return nil, Mark{}, ErrNoMark
+		return nil, Mark{}, id.noMark()
 	}
-	return r.Kvs[0], decodeMark(resource, r.Kvs[0]), nil
+	return r.Kvs[0], decodeMark(id, r.Kvs[0]), nil
 }
 
 // replaceIf writes m over the mark read as kv if nobody changed it since,

@@ -315,7 +315,8 @@ func judge(token, cur, mark int64) Verdict {
 // yet). ih is the caller's identity hash.
 func (v *Validator) validateAt(ctx context.Context, name string, token int64, resource, ih string) (Verdict, attempt, error) {
 	queue := v.ks.Queue(name)
-	markKey := v.markKey(resource)
+	id := MarkID{Resource: resource}
+	markKey := id.key(v.ks)
 	// A read-only transaction: both reads at one linearizable revision.
 	r, err := v.cli.Txn(ctx).Then(
 		clientv3.OpGet(queue, clientv3.WithFirstCreate()...),
@@ -348,7 +349,7 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 		markMR int64 // the mark key's mod revision; 0: no mark yet
 	)
 	if kvs := r.Responses[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
-		m = decodeMark(resource, kvs[0])
+		m = decodeMark(id, kvs[0])
 		markMR = kvs[0].ModRevision
 	}
 	if markMR != 0 && m.Lock != name {
@@ -378,7 +379,7 @@ func (v *Validator) validateAt(ctx context.Context, name string, token int64, re
 		clientv3.Compare(clientv3.CreateRevision(queue), ">", rev-1).WithPrefix(),
 		clientv3.Compare(clientv3.CreateRevision(holderKey), "=", rev),
 	}
-	return v.advance(ctx, verdict, holds, markKey, markMR, m, Mark{Resource: resource, Token: token, Lock: name, creator: ih})
+	return v.advance(ctx, verdict, holds, markKey, markMR, m, Mark{MarkID: id, Token: token, Lock: name, creator: ih})
 }
 
 // advance raises the mark at markKey (of mod revision markMR, 0: none yet;

@@ -77,7 +77,7 @@ func TestMarkNotAdvancedWhenHolderChangesMidway(t *testing.T) {
 	if verdict.Valid || verdict.Reason != Superseded || b == nil || verdict.CurrentToken != b.Token {
 		t.Fatalf("A validated while B took over: %+v; want superseded by B", verdict)
 	}
-	if _, err := v.GetMark(ctx, "r"); !errors.Is(err, ErrNoMark) {
+	if _, err := v.GetMark(ctx, MarkID{Resource: "r"}); !errors.Is(err, ErrNoMark) {
 		t.Fatalf("mark after a refused validation: %v, want ErrNoMark", err)
 	}
 	// Released between read and commit, nobody newer: the empty queue fails
@@ -95,7 +95,7 @@ func TestMarkNotAdvancedWhenHolderChangesMidway(t *testing.T) {
 	if verdict.Valid || verdict.Reason != NotHeld {
 		t.Fatalf("B validated after its release: %+v; want not held", verdict)
 	}
-	if _, err := v.GetMark(ctx, "r"); !errors.Is(err, ErrNoMark) {
+	if _, err := v.GetMark(ctx, MarkID{Resource: "r"}); !errors.Is(err, ErrNoMark) {
 		t.Fatalf("mark after a refused validation: %v, want ErrNoMark", err)
 	}
 }

@@ -14,12 +14,58 @@ import (
 	"github.com/coordinatord/coordinatord/internal/keyspace"
 )
 
-// Mark is a resource's high-water mark: the greatest token ValidateToken
-// has accepted for it, and the lock that owns it. Marks are plain etcd keys,
-// <prefix>fence/<escaped resource>, without a lease: they survive restarts
-// and are removed only by an admin (DeleteMark) or by retention (SweepMarks).
-type Mark struct {
+// MarkID names one mark: a resource's own (raised by a mutex's holders
+// and a read-write lock's writers), or, PerSlot, that of one slot of a
+// semaphore that protects the resource (its holders raise one mark per
+// (resource, slot), since tokens rise per slot).
+type MarkID struct {
 	Resource string
+	PerSlot  bool
+	Slot     int32 // with PerSlot; 0 otherwise
+}
+
+// validate refuses a malformed resource name or a negative slot, naming
+// the field.
+func (id MarkID) validate() error {
+	if err := keyspace.ValidateName("resource", id.Resource, false); err != nil {
+		return err
+	}
+	if id.Slot < 0 {
+		return keyspace.FieldErr("slot", "is %d; a semaphore's slots are numbered from 0", id.Slot)
+	}
+	return nil
+}
+
+// noMark is ErrNoMark for id, naming the resource and the slot; a missing
+// resource's own mark hints at the slots, where a semaphore's marks are.
+func (id MarkID) noMark() error {
+	if id.PerSlot {
+		return fmt.Errorf("%w (resource %q, semaphore slot %d)", ErrNoMark, id.Resource, id.Slot)
+	}
+	return fmt.Errorf("%w (resource %q; a semaphore's holders raise one mark per slot: name the slot for those)", ErrNoMark, id.Resource)
+}
+
+// key is the mark's etcd key.
+func (id MarkID) key(ks keyspace.Keyspace) string {
+	if id.PerSlot {
+		return ks.SlotMark(id.Resource, id.Slot)
+	}
+	return ks.Mark(id.Resource)
+}
+
+// markIDOf names the mark whose etcd key is key.
+func markIDOf(ks keyspace.Keyspace, key []byte) MarkID {
+	resource, slot, perSlot := ks.MarkOf(string(key))
+	return MarkID{Resource: resource, PerSlot: perSlot, Slot: slot}
+}
+
+// Mark is a high-water mark: the greatest token ValidateToken has accepted
+// for a resource (or one semaphore slot of it, see MarkID), and the lock
+// that owns it. Marks are plain etcd keys, <prefix>fence/<escaped resource>
+// (/<slot>), without a lease: they survive restarts and are removed only by
+// an admin (DeleteMark) or by retention (SweepMarks).
+type Mark struct {
+	MarkID
 	// Token is the greatest token accepted for the resource.
 	Token int64
 	// Lock is the lock that owns the mark: the first lock whose token
@@ -64,10 +110,10 @@ func (m Mark) encodeAt(at time.Time) string {
 	return string(b)
 }
 
-func decodeMark(resource string, kv *mvccpb.KeyValue) Mark {
+func decodeMark(id MarkID, kv *mvccpb.KeyValue) Mark {
 	var v markValue
 	_ = json.Unmarshal(kv.Value, &v) // a foreign value reads as a zero mark
-	m := Mark{Resource: resource, Token: v.Token, Lock: v.Lock, creator: v.Creator}
+	m := Mark{MarkID: id, Token: v.Token, Lock: v.Lock, creator: v.Creator}
 	if v.At != 0 {
 		m.UpdatedAt = time.Unix(0, v.At)
 	}
@@ -98,21 +144,15 @@ func (e *MarkOwnedError) Is(target error) bool { return target == ErrMarkOwnedBy
 
 func (v *Validator) marks() string { return v.ks.Marks() }
 
-func (v *Validator) markKey(resource string) string { return v.ks.Mark(resource) }
-
-// GetMark returns the resource's mark, or ErrNoMark.
-func (v *Validator) GetMark(ctx context.Context, resource string) (*Mark, error) {
-	if err := keyspace.ValidateName("resource", resource, false); err != nil {
+// GetMark returns the mark id names, or ErrNoMark.
+func (v *Validator) GetMark(ctx context.Context, id MarkID) (*Mark, error) {
+	if err := id.validate(); err != nil {
 		return nil, err
 	}
-	r, err := v.cli.Get(ctx, v.markKey(resource))
+	_, m, err := v.readMark(ctx, id)
 	if err != nil {
-		return nil, v.etcdErr(ctx, "get mark", err)
+		return nil, err
 	}
-	if len(r.Kvs) == 0 {
-		return nil, ErrNoMark
-	}
-	m := decodeMark(resource, r.Kvs[0])
 	return &m, nil
 }
 
@@ -150,8 +190,7 @@ func (v *Validator) ListMarks(ctx context.Context, prefix string, pageSize int, 
 			last := strings.TrimPrefix(string(r.Kvs[pageSize-1].Key), v.marks())
 			return out, keyspace.EncodePageToken(last), nil
 		}
-		seg := strings.TrimPrefix(string(kv.Key), v.marks())
-		out = append(out, decodeMark(keyspace.Unescape(seg), kv))
+		out = append(out, decodeMark(markIDOf(v.ks, kv.Key), kv))
 	}
 	return out, "", nil
 }

@@ -3,9 +3,11 @@ package fence
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 	"github.com/coordinatord/coordinatord/internal/lease"
 )
 
@@ -58,7 +60,7 @@ func TestMarkCapPerIdentity(t *testing.T) {
 	if !errors.As(err, &tm) || tm.Limit != 2 || tm.Count != 2 {
 		t.Fatalf("a third mark by a: %v, want *TooManyMarksError 2/2", err)
 	}
-	if _, err := v.GetMark(ctx, "r3"); !errors.Is(err, ErrNoMark) {
+	if _, err := v.GetMark(ctx, MarkID{Resource: "r3"}); !errors.Is(err, ErrNoMark) {
 		t.Fatalf("a refused creation wrote a mark: %v", err)
 	}
 	// Existing marks are not creations: a (and anyone) still validates them.
@@ -74,14 +76,14 @@ func TestMarkCapPerIdentity(t *testing.T) {
 	release(t, m, a)
 	a2 := acquire(t, m, "l")
 	expectValid(t, v, a2, "r1", asB)
-	if _, err := v.DeleteMark(ctx, "r1"); err != nil {
+	if _, err := v.DeleteMark(ctx, MarkID{Resource: "r1"}); err != nil {
 		t.Fatal(err)
 	}
 	if ca, cb := count(t, v, "a"), count(t, v, "b"); ca != 1 || cb != 1 {
 		t.Fatalf("counts after deleting r1: a=%d b=%d, want 1 and 1", ca, cb)
 	}
 	expectValid(t, v, a2, "r4", asA)
-	if _, err := v.DeleteMark(ctx, "r1"); !errors.Is(err, ErrNoMark) {
+	if _, err := v.DeleteMark(ctx, MarkID{Resource: "r1"}); !errors.Is(err, ErrNoMark) {
 		t.Fatalf("deleting a deleted mark: %v, want ErrNoMark", err)
 	}
 }
@@ -122,11 +124,11 @@ func TestMarkRetention(t *testing.T) {
 	expectValid(t, v, c, "r")
 	release(t, m, c)
 	sweep(2*retention, Sweep{Marks: 1, Idle: 1})
-	if mk, err := v.GetMark(ctx, "r"); err != nil || mk.Token != c.Token {
+	if mk, err := v.GetMark(ctx, MarkID{Resource: "r"}); err != nil || mk.Token != c.Token {
 		t.Fatalf("mark before deletion: %+v, %v; want token %d", mk, err, c.Token)
 	}
 	sweep(3*retention, Sweep{Marks: 1, Deleted: 1})
-	if _, err := v.GetMark(ctx, "r"); !errors.Is(err, ErrNoMark) {
+	if _, err := v.GetMark(ctx, MarkID{Resource: "r"}); !errors.Is(err, ErrNoMark) {
 		t.Fatalf("mark after retention: %v, want ErrNoMark", err)
 	}
 	if n := count(t, v, ""); n != 0 {
@@ -149,12 +151,12 @@ func TestMarkRetention(t *testing.T) {
 			t.Fatalf("token %d with a newer holder: %+v, %v; want superseded", g.Token, verdict, err)
 		}
 	}
-	if _, err := v.GetMark(ctx, "r"); !errors.Is(err, ErrNoMark) {
+	if _, err := v.GetMark(ctx, MarkID{Resource: "r"}); !errors.Is(err, ErrNoMark) {
 		t.Fatalf("refused tokens created a mark: %v", err)
 	}
 	// The next current token starts a new mark.
 	expectValid(t, v, d, "r")
-	if mk, err := v.GetMark(ctx, "r"); err != nil || mk.Token != d.Token || mk.Lock != "l" {
+	if mk, err := v.GetMark(ctx, MarkID{Resource: "r"}); err != nil || mk.Token != d.Token || mk.Lock != "l" {
 		t.Fatalf("new mark: %+v, %v", mk, err)
 	}
 }
@@ -180,8 +182,33 @@ func TestMarkRetentionRacesANewHolder(t *testing.T) {
 	if s, err := v.SweepMarks(ctx, t0.Add(2*time.Hour), time.Hour); err != nil || s.Deleted != 0 {
 		t.Fatalf("sweep racing a new holder: %+v, %v; want nothing deleted", s, err)
 	}
-	if mk, err := v.GetMark(ctx, "r"); err != nil || mk.Token != a.Token {
+	if mk, err := v.GetMark(ctx, MarkID{Resource: "r"}); err != nil || mk.Token != a.Token {
 		t.Fatalf("mark after the race: %+v, %v", mk, err)
 	}
 	expectValid(t, v, b, "r")
+}
+
+// TestMarkIDKeysRoundTrip: every mark's key names it back, a resource's own
+// mark apart from the marks of its semaphore slots, whatever the resource
+// holds ('/', '%', digits).
+func TestMarkIDKeysRoundTrip(t *testing.T) {
+	ks := keyspace.New("/p/")
+	for _, id := range []MarkID{
+		{Resource: "db"},
+		{Resource: "db", PerSlot: true},
+		{Resource: "db", PerSlot: true, Slot: 7},
+		{Resource: "db/0"},
+		{Resource: "db/0", PerSlot: true, Slot: 1},
+		{Resource: "a%2Fb/%", PerSlot: true, Slot: 2147483647},
+	} {
+		t.Run(fmt.Sprintf("%+v", id), func(t *testing.T) {
+			key := id.key(ks)
+			if got := markIDOf(ks, []byte(key)); got != id {
+				t.Fatalf("key %q names %+v, want %+v", key, got, id)
+			}
+		})
+	}
+	if (MarkID{Resource: "db"}).key(ks) == (MarkID{Resource: "db", PerSlot: true}).key(ks) {
+		t.Fatal("a resource's own mark and its slot 0's share a key")
+	}
 }

@@ -3,7 +3,6 @@ package fence
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -48,8 +47,7 @@ func (v *Validator) SweepMarks(ctx context.Context, now time.Time, retention tim
 	pages := keyspace.NewPager(v.cli, v.marks(), clientv3.GetPrefixRangeEnd(v.marks()), keyspace.DefaultPageSize)
 	for pages.Next(ctx) {
 		for _, kv := range pages.Page() {
-			resource := keyspace.Unescape(strings.TrimPrefix(string(kv.Key), v.marks()))
-			m := decodeMark(resource, kv)
+			m := decodeMark(markIDOf(v.ks, kv.Key), kv)
 			if m.Token <= 0 || m.Lock == "" {
 				continue // not a mark (e.g. a foreign value): not ours to delete
 			}

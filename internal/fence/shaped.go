@@ -54,7 +54,8 @@ func (v *Validator) validateShapedAt(ctx context.Context, name string, token, ep
 	if !shape.Semaphore() {
 		return Verdict{}, attemptDone, &SharedHolderError{Name: name, Resource: resource, Token: token}
 	}
-	markKey := v.ks.SlotMark(resource, slot)
+	id := MarkID{Resource: resource, PerSlot: true, Slot: slot}
+	markKey := id.key(v.ks)
 	mr, err := v.cli.Get(ctx, markKey)
 	if err != nil {
 		return Verdict{}, attemptDone, v.etcdErr(ctx, "validate", err)
@@ -64,7 +65,7 @@ func (v *Validator) validateShapedAt(ctx context.Context, name string, token, ep
 		markMR int64
 	)
 	if len(mr.Kvs) > 0 {
-		m, markMR = decodeMark(resource, mr.Kvs[0]), mr.Kvs[0].ModRevision
+		m, markMR = decodeMark(id, mr.Kvs[0]), mr.Kvs[0].ModRevision
 	}
 	if markMR != 0 && m.Lock != name {
 		return Verdict{}, attemptDone, &MarkOwnedError{Resource: resource, Lock: name, Owner: m.Lock}
@@ -74,5 +75,5 @@ func (v *Validator) validateShapedAt(ctx context.Context, name string, token, ep
 		return verdict, attemptDone, nil
 	}
 	holds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(string(entry.Key)), "=", rev)}
-	return v.advance(ctx, verdict, holds, markKey, markMR, m, Mark{Resource: resource, Token: token, Lock: name, creator: ih})
+	return v.advance(ctx, verdict, holds, markKey, markMR, m, Mark{MarkID: id, Token: token, Lock: name, creator: ih})
 }

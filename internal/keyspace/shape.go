@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
+	"strings"
 )
 
 // Shape is what the queue's admission rule needs to know of one entry: the
@@ -100,6 +101,17 @@ func Holders(shapes []Shape) int {
 // own mark key, since an escaped resource holds no '/'.
 func (k Keyspace) SlotMark(resource string, slot int32) string {
 	return k.Mark(resource) + "/" + strconv.Itoa(int(slot))
+}
+
+// MarkOf names the mark whose key is key, one Mark or SlotMark wrote: its
+// resource and, for a slot's mark (perSlot), the slot.
+func (k Keyspace) MarkOf(key string) (resource string, slot int32, perSlot bool) {
+	esc, s, perSlot := strings.Cut(strings.TrimPrefix(key, k.Marks()), "/")
+	if perSlot {
+		n, _ := strconv.ParseInt(s, 10, 32) // SlotMark wrote a number
+		slot = int32(n)
+	}
+	return Unescape(esc), slot, perSlot
 }
 
 // SlotDelay is the lock-delay key of a semaphore's slot: slot 0's is the

@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/authz"
 	"github.com/coordinatord/coordinatord/internal/fence"
@@ -48,12 +50,22 @@ func (s *LockService) FenceService() *FenceService {
 }
 
 func markPB(m *fence.Mark) *coordinatorv1.Mark {
-	return &coordinatorv1.Mark{Resource: m.Resource, Token: m.Token, Lock: m.Lock, UpdatedAt: timestamp(m.UpdatedAt)}
+	pb := &coordinatorv1.Mark{Resource: m.Resource, Token: m.Token, Lock: m.Lock, UpdatedAt: timestamp(m.UpdatedAt)}
+	if m.PerSlot {
+		pb.Slot = wrapperspb.Int32(m.Slot)
+	}
+	return pb
+}
+
+// markID names the mark of resource, or of its semaphore slot when slot is
+// set (the domain refuses a negative one).
+func markID(resource string, slot *wrapperspb.Int32Value) fence.MarkID {
+	return fence.MarkID{Resource: resource, PerSlot: slot != nil, Slot: slot.GetValue()}
 }
 
 // GetMark implements coordinatorv1.FenceServiceServer.
 func (s *FenceService) GetMark(ctx context.Context, req *coordinatorv1.GetMarkRequest) (*coordinatorv1.GetMarkResponse, error) {
-	m, err := s.fence.GetMark(ctx, req.GetResource())
+	m, err := s.fence.GetMark(ctx, markID(req.GetResource(), req.GetSlot()))
 	if err != nil {
 		return nil, toStatus(ctx, s.log, "GetMark", err)
 	}
@@ -76,7 +88,7 @@ func (s *FenceService) ListMarks(ctx context.Context, req *coordinatorv1.ListMar
 // DeleteMark implements coordinatorv1.FenceServiceServer (admins only, see
 // AdminOnly).
 func (s *FenceService) DeleteMark(ctx context.Context, req *coordinatorv1.DeleteMarkRequest) (*coordinatorv1.DeleteMarkResponse, error) {
-	m, err := s.fence.DeleteMark(ctx, req.GetResource())
+	m, err := s.fence.DeleteMark(ctx, markID(req.GetResource(), req.GetSlot()))
 	if err != nil {
 		return nil, toStatus(ctx, s.log, "DeleteMark", err)
 	}
@@ -93,7 +105,7 @@ func (s *FenceService) GetEpoch(context.Context, *coordinatorv1.GetEpochRequest)
 // RebindMark implements coordinatorv1.FenceServiceServer (admins only, see
 // AdminOnly).
 func (s *FenceService) RebindMark(ctx context.Context, req *coordinatorv1.RebindMarkRequest) (*coordinatorv1.RebindMarkResponse, error) {
-	m, err := s.fence.RebindMark(ctx, req.GetResource(), req.GetLock())
+	m, err := s.fence.RebindMark(ctx, markID(req.GetResource(), req.GetSlot()), req.GetLock())
 	if err != nil {
 		return nil, toStatus(ctx, s.log, "RebindMark", err)
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 )
@@ -343,5 +344,111 @@ func TestSemaphoreSlotMarks(t *testing.T) {
 	}
 	if r.Count != 2 {
 		t.Errorf("%d slot marks of the resource, want 2", r.Count)
+	}
+}
+
+// TestSemaphoreSlotMarksAreReachable: the marks a semaphore's holders raise,
+// one per (resource, slot), are listed under their resource with their slot
+// (they used to be listed as resources "db/0" and "db/1" that GetMark could
+// not find), and GetMark, RebindMark and DeleteMark reach each by its slot,
+// apart from the resource's own mark.
+func TestSemaphoreSlotMarksAreReachable(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t, 30*time.Second)
+	tokens := map[int32]int64{}
+	for range 2 {
+		g, err := e.lc.Acquire(ctx, semReq("sem", 2, time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[g.GetSlot()] = g.GetToken()
+		if v := e.validateAt("sem", g.GetToken(), "db"); !v.GetValid() {
+			t.Fatalf("slot %d: %v", g.GetSlot(), v)
+		}
+	}
+	mutex := e.acquire("mutex", time.Minute)
+	if v := e.validateAt("mutex", mutex.GetToken(), "db"); !v.GetValid() {
+		t.Fatalf("the mutex's token against db: %v", v)
+	}
+	slot := wrapperspb.Int32
+
+	list, err := e.fc().ListMarks(ctx, &coordinatorv1.ListMarksRequest{Prefix: "db"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type listed struct {
+		resource, lock string
+		slot           int32 // -1: the resource's own mark
+		token          int64
+	}
+	var got []listed
+	for _, m := range list.GetMarks() {
+		l := listed{m.GetResource(), m.GetLock(), -1, m.GetToken()}
+		if m.Slot != nil {
+			l.slot = m.GetSlot().GetValue()
+		}
+		got = append(got, l)
+	}
+	want := []listed{{"db", "mutex", -1, mutex.GetToken()}, {"db", "sem", 0, tokens[0]}, {"db", "sem", 1, tokens[1]}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("ListMarks: %v, want %v", got, want)
+	}
+
+	for k := range int32(2) {
+		m, err := e.fc().GetMark(ctx, &coordinatorv1.GetMarkRequest{Resource: "db", Slot: slot(k)})
+		if err != nil || m.GetMark().GetToken() != tokens[k] || m.GetMark().GetSlot().GetValue() != k || m.GetMark().GetLock() != "sem" {
+			t.Fatalf("GetMark db slot %d: %v, %v; want token %d", k, m, err, tokens[k])
+		}
+	}
+	if m, err := e.fc().GetMark(ctx, &coordinatorv1.GetMarkRequest{Resource: "db"}); err != nil || m.GetMark().GetToken() != mutex.GetToken() || m.GetMark().Slot != nil {
+		t.Fatalf("GetMark db: %v, %v; want the mutex's mark", m, err)
+	}
+	if _, err := e.fc().GetMark(ctx, &coordinatorv1.GetMarkRequest{Resource: "db", Slot: slot(2)}); code(err) != codes.NotFound {
+		t.Fatalf("GetMark of a slot without a mark: %v, want NOT_FOUND", err)
+	}
+	rev := e.rev()
+	for _, call := range []func() error{
+		func() error {
+			_, err := e.fc().GetMark(ctx, &coordinatorv1.GetMarkRequest{Resource: "db", Slot: slot(-1)})
+			return err
+		},
+		func() error {
+			_, err := e.fc().DeleteMark(ctx, &coordinatorv1.DeleteMarkRequest{Resource: "db", Slot: slot(-1)})
+			return err
+		},
+		func() error {
+			_, err := e.fc().RebindMark(ctx, &coordinatorv1.RebindMarkRequest{Resource: "db", Lock: "x", Slot: slot(-1)})
+			return err
+		},
+	} {
+		if err := call(); code(err) != codes.InvalidArgument || fieldOf(err) != "slot" {
+			t.Fatalf("a negative slot: %v (field %q), want INVALID_ARGUMENT on slot", err, fieldOf(err))
+		}
+	}
+	if e.rev() != rev {
+		t.Fatal("a refused call wrote to etcd")
+	}
+
+	// Rebinding slot 1's mark moves that mark only.
+	if r, err := e.fc().RebindMark(ctx, &coordinatorv1.RebindMarkRequest{Resource: "db", Lock: "other", Slot: slot(1)}); err != nil || r.GetMark().GetLock() != "other" || r.GetMark().GetSlot().GetValue() != 1 {
+		t.Fatalf("RebindMark db slot 1: %v, %v", r, err)
+	}
+	if v, err := e.lc.ValidateToken(ctx, &coordinatorv1.ValidateTokenRequest{Name: "sem", Token: tokens[1], Resource: "db"}); reasonOf(err) != "MARK_OWNED_BY_OTHER_LOCK" {
+		t.Fatalf("slot 1's holder after its mark was rebound: %v, %v; want MARK_OWNED_BY_OTHER_LOCK", v, err)
+	}
+	if v := e.validateAt("sem", tokens[0], "db"); !v.GetValid() {
+		t.Fatalf("slot 0's holder after slot 1's rebind: %v", v)
+	}
+	// Deleting slot 0's mark deletes that mark only.
+	if r, err := e.fc().DeleteMark(ctx, &coordinatorv1.DeleteMarkRequest{Resource: "db", Slot: slot(0)}); err != nil || r.GetMark().GetToken() != tokens[0] || r.GetMark().GetSlot().GetValue() != 0 {
+		t.Fatalf("DeleteMark db slot 0: %v, %v", r, err)
+	}
+	if _, err := e.fc().GetMark(ctx, &coordinatorv1.GetMarkRequest{Resource: "db", Slot: slot(0)}); code(err) != codes.NotFound {
+		t.Fatalf("GetMark of the deleted slot mark: %v, want NOT_FOUND", err)
+	}
+	for _, r := range []*coordinatorv1.GetMarkRequest{{Resource: "db"}, {Resource: "db", Slot: slot(1)}} {
+		if _, err := e.fc().GetMark(ctx, r); err != nil {
+			t.Fatalf("GetMark %v after slot 0's deletion: %v", r, err)
+		}
 	}
 }

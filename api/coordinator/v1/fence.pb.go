@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
+	wrapperspb "google.golang.org/protobuf/types/known/wrapperspb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -139,7 +140,12 @@ type Mark struct {
 	Lock string `protobuf:"bytes,3,opt,name=lock,proto3" json:"lock,omitempty"`
 	// When the mark last advanced (coordinator clock). Validating the same
 	// token again does not change it.
-	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	UpdatedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// Set for the mark of one slot of a semaphore (AcquireRequest.limit > 1)
+	// that protects the resource: its holders raise one mark per (resource,
+	// slot), since tokens rise per slot. Unset for the resource's own mark,
+	// the one a mutex's holders and a read-write lock's writers raise.
+	Slot          *wrapperspb.Int32Value `protobuf:"bytes,5,opt,name=slot,proto3" json:"slot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -202,11 +208,21 @@ func (x *Mark) GetUpdatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
-// GetMarkRequest names one resource.
+func (x *Mark) GetSlot() *wrapperspb.Int32Value {
+	if x != nil {
+		return x.Slot
+	}
+	return nil
+}
+
+// GetMarkRequest names one mark.
 type GetMarkRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The resource name. Required; same rules as a lock name.
-	Resource      string `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	Resource string `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	// The semaphore slot whose mark to get (see Mark.slot); unset: the
+	// resource's own mark. Negative: INVALID_ARGUMENT.
+	Slot          *wrapperspb.Int32Value `protobuf:"bytes,2,opt,name=slot,proto3" json:"slot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -246,6 +262,13 @@ func (x *GetMarkRequest) GetResource() string {
 		return x.Resource
 	}
 	return ""
+}
+
+func (x *GetMarkRequest) GetSlot() *wrapperspb.Int32Value {
+	if x != nil {
+		return x.Slot
+	}
+	return nil
 }
 
 // GetMarkResponse is one mark.
@@ -416,11 +439,14 @@ func (x *ListMarksResponse) GetNextPageToken() string {
 	return ""
 }
 
-// DeleteMarkRequest names the resource whose mark to delete.
+// DeleteMarkRequest names the mark to delete.
 type DeleteMarkRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The resource name. Required; same rules as a lock name.
-	Resource      string `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	Resource string `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
+	// The semaphore slot whose mark to delete (see Mark.slot); unset: the
+	// resource's own mark. Negative: INVALID_ARGUMENT.
+	Slot          *wrapperspb.Int32Value `protobuf:"bytes,2,opt,name=slot,proto3" json:"slot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -460,6 +486,13 @@ func (x *DeleteMarkRequest) GetResource() string {
 		return x.Resource
 	}
 	return ""
+}
+
+func (x *DeleteMarkRequest) GetSlot() *wrapperspb.Int32Value {
+	if x != nil {
+		return x.Slot
+	}
+	return nil
 }
 
 // DeleteMarkResponse is the deleted mark.
@@ -515,7 +548,10 @@ type RebindMarkRequest struct {
 	Resource string `protobuf:"bytes,1,opt,name=resource,proto3" json:"resource,omitempty"`
 	// The lock that owns the mark from now on. Required; same rules as a lock
 	// name.
-	Lock          string `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
+	Lock string `protobuf:"bytes,2,opt,name=lock,proto3" json:"lock,omitempty"`
+	// The semaphore slot whose mark to rebind (see Mark.slot); unset: the
+	// resource's own mark. Negative: INVALID_ARGUMENT.
+	Slot          *wrapperspb.Int32Value `protobuf:"bytes,3,opt,name=slot,proto3" json:"slot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -562,6 +598,13 @@ func (x *RebindMarkRequest) GetLock() string {
 		return x.Lock
 	}
 	return ""
+}
+
+func (x *RebindMarkRequest) GetSlot() *wrapperspb.Int32Value {
+	if x != nil {
+		return x.Slot
+	}
+	return nil
 }
 
 // RebindMarkResponse is the mark after the change.
@@ -614,20 +657,22 @@ var File_coordinator_v1_fence_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_fence_proto_rawDesc = "" +
 	"\n" +
-	"\x1acoordinator/v1/fence.proto\x12\x0ecoordinator.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x11\n" +
+	"\x1acoordinator/v1/fence.proto\x12\x0ecoordinator.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/wrappers.proto\"\x11\n" +
 	"\x0fGetEpochRequest\"V\n" +
 	"\x10GetEpochResponse\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x03R\x05epoch\x12\x14\n" +
 	"\x05floor\x18\x02 \x01(\x03R\x05floor\x12\x16\n" +
-	"\x06paused\x18\x03 \x01(\tR\x06paused\"\x87\x01\n" +
+	"\x06paused\x18\x03 \x01(\tR\x06paused\"\xb8\x01\n" +
 	"\x04Mark\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\x03R\x05token\x12\x12\n" +
 	"\x04lock\x18\x03 \x01(\tR\x04lock\x129\n" +
 	"\n" +
-	"updated_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\",\n" +
+	"updated_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12/\n" +
+	"\x04slot\x18\x05 \x01(\v2\x1b.google.protobuf.Int32ValueR\x04slot\"]\n" +
 	"\x0eGetMarkRequest\x12\x1a\n" +
-	"\bresource\x18\x01 \x01(\tR\bresource\";\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12/\n" +
+	"\x04slot\x18\x02 \x01(\v2\x1b.google.protobuf.Int32ValueR\x04slot\";\n" +
 	"\x0fGetMarkResponse\x12(\n" +
 	"\x04mark\x18\x01 \x01(\v2\x14.coordinator.v1.MarkR\x04mark\"f\n" +
 	"\x10ListMarksRequest\x12\x16\n" +
@@ -637,14 +682,16 @@ const file_coordinator_v1_fence_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"g\n" +
 	"\x11ListMarksResponse\x12*\n" +
 	"\x05marks\x18\x01 \x03(\v2\x14.coordinator.v1.MarkR\x05marks\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"/\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"`\n" +
 	"\x11DeleteMarkRequest\x12\x1a\n" +
-	"\bresource\x18\x01 \x01(\tR\bresource\">\n" +
+	"\bresource\x18\x01 \x01(\tR\bresource\x12/\n" +
+	"\x04slot\x18\x02 \x01(\v2\x1b.google.protobuf.Int32ValueR\x04slot\">\n" +
 	"\x12DeleteMarkResponse\x12(\n" +
-	"\x04mark\x18\x01 \x01(\v2\x14.coordinator.v1.MarkR\x04mark\"C\n" +
+	"\x04mark\x18\x01 \x01(\v2\x14.coordinator.v1.MarkR\x04mark\"t\n" +
 	"\x11RebindMarkRequest\x12\x1a\n" +
 	"\bresource\x18\x01 \x01(\tR\bresource\x12\x12\n" +
-	"\x04lock\x18\x02 \x01(\tR\x04lock\">\n" +
+	"\x04lock\x18\x02 \x01(\tR\x04lock\x12/\n" +
+	"\x04slot\x18\x03 \x01(\v2\x1b.google.protobuf.Int32ValueR\x04slot\">\n" +
 	"\x12RebindMarkResponse\x12(\n" +
 	"\x04mark\x18\x01 \x01(\v2\x14.coordinator.v1.MarkR\x04mark2\xa5\x03\n" +
 	"\fFenceService\x12J\n" +
@@ -682,28 +729,33 @@ var file_coordinator_v1_fence_proto_goTypes = []any{
 	(*RebindMarkRequest)(nil),     // 9: coordinator.v1.RebindMarkRequest
 	(*RebindMarkResponse)(nil),    // 10: coordinator.v1.RebindMarkResponse
 	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*wrapperspb.Int32Value)(nil), // 12: google.protobuf.Int32Value
 }
 var file_coordinator_v1_fence_proto_depIdxs = []int32{
 	11, // 0: coordinator.v1.Mark.updated_at:type_name -> google.protobuf.Timestamp
-	2,  // 1: coordinator.v1.GetMarkResponse.mark:type_name -> coordinator.v1.Mark
-	2,  // 2: coordinator.v1.ListMarksResponse.marks:type_name -> coordinator.v1.Mark
-	2,  // 3: coordinator.v1.DeleteMarkResponse.mark:type_name -> coordinator.v1.Mark
-	2,  // 4: coordinator.v1.RebindMarkResponse.mark:type_name -> coordinator.v1.Mark
-	3,  // 5: coordinator.v1.FenceService.GetMark:input_type -> coordinator.v1.GetMarkRequest
-	5,  // 6: coordinator.v1.FenceService.ListMarks:input_type -> coordinator.v1.ListMarksRequest
-	7,  // 7: coordinator.v1.FenceService.DeleteMark:input_type -> coordinator.v1.DeleteMarkRequest
-	9,  // 8: coordinator.v1.FenceService.RebindMark:input_type -> coordinator.v1.RebindMarkRequest
-	0,  // 9: coordinator.v1.FenceService.GetEpoch:input_type -> coordinator.v1.GetEpochRequest
-	4,  // 10: coordinator.v1.FenceService.GetMark:output_type -> coordinator.v1.GetMarkResponse
-	6,  // 11: coordinator.v1.FenceService.ListMarks:output_type -> coordinator.v1.ListMarksResponse
-	8,  // 12: coordinator.v1.FenceService.DeleteMark:output_type -> coordinator.v1.DeleteMarkResponse
-	10, // 13: coordinator.v1.FenceService.RebindMark:output_type -> coordinator.v1.RebindMarkResponse
-	1,  // 14: coordinator.v1.FenceService.GetEpoch:output_type -> coordinator.v1.GetEpochResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	12, // 1: coordinator.v1.Mark.slot:type_name -> google.protobuf.Int32Value
+	12, // 2: coordinator.v1.GetMarkRequest.slot:type_name -> google.protobuf.Int32Value
+	2,  // 3: coordinator.v1.GetMarkResponse.mark:type_name -> coordinator.v1.Mark
+	2,  // 4: coordinator.v1.ListMarksResponse.marks:type_name -> coordinator.v1.Mark
+	12, // 5: coordinator.v1.DeleteMarkRequest.slot:type_name -> google.protobuf.Int32Value
+	2,  // 6: coordinator.v1.DeleteMarkResponse.mark:type_name -> coordinator.v1.Mark
+	12, // 7: coordinator.v1.RebindMarkRequest.slot:type_name -> google.protobuf.Int32Value
+	2,  // 8: coordinator.v1.RebindMarkResponse.mark:type_name -> coordinator.v1.Mark
+	3,  // 9: coordinator.v1.FenceService.GetMark:input_type -> coordinator.v1.GetMarkRequest
+	5,  // 10: coordinator.v1.FenceService.ListMarks:input_type -> coordinator.v1.ListMarksRequest
+	7,  // 11: coordinator.v1.FenceService.DeleteMark:input_type -> coordinator.v1.DeleteMarkRequest
+	9,  // 12: coordinator.v1.FenceService.RebindMark:input_type -> coordinator.v1.RebindMarkRequest
+	0,  // 13: coordinator.v1.FenceService.GetEpoch:input_type -> coordinator.v1.GetEpochRequest
+	4,  // 14: coordinator.v1.FenceService.GetMark:output_type -> coordinator.v1.GetMarkResponse
+	6,  // 15: coordinator.v1.FenceService.ListMarks:output_type -> coordinator.v1.ListMarksResponse
+	8,  // 16: coordinator.v1.FenceService.DeleteMark:output_type -> coordinator.v1.DeleteMarkResponse
+	10, // 17: coordinator.v1.FenceService.RebindMark:output_type -> coordinator.v1.RebindMarkResponse
+	1,  // 18: coordinator.v1.FenceService.GetEpoch:output_type -> coordinator.v1.GetEpochResponse
+	14, // [14:19] is the sub-list for method output_type
+	9,  // [9:14] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_coordinator_v1_fence_proto_init() }

@@ -95,8 +95,8 @@ const (
 // Errors (google.rpc.Code):
 //   - INVALID_ARGUMENT: a malformed field; the message names it. Nothing is
 //     written.
-//   - NOT_FOUND: GetMark, DeleteMark or RebindMark of a resource that has no
-//     mark.
+//   - NOT_FOUND: GetMark, DeleteMark or RebindMark of a resource (or a
+//     resource's slot) that has no mark.
 //   - PERMISSION_DENIED: GetMark of a resource, or ListMarks of a prefix, that
 //     is not inside the caller's resource_prefixes; DeleteMark and RebindMark
 //     by a caller that is not an admin.
@@ -106,8 +106,10 @@ type FenceServiceClient interface {
 	// was ever accepted for it.
 	GetMark(ctx context.Context, in *GetMarkRequest, opts ...grpc.CallOption) (*GetMarkResponse, error)
 	// ListMarks pages through the marks of resources whose names start with
-	// `prefix`. The order is stable: the byte order of the names with '%' and
-	// '/' read as "%25" and "%2F". With authorization, `prefix` must itself
+	// `prefix`, a semaphore's per-slot marks (Mark.slot) among them. The order
+	// is stable: the byte order of the names with '%' and '/' read as "%25"
+	// and "%2F", a slot's mark following as name + "/" + the slot's decimal
+	// digits (so "db", "db%2Fa" and then "db/0", "db/1", "db/10", "db/2"). With authorization, `prefix` must itself
 	// start with one of the caller's resource_prefixes (admins: any), so every
 	// mark listed is one the caller may use.
 	ListMarks(ctx context.Context, in *ListMarksRequest, opts ...grpc.CallOption) (*ListMarksResponse, error)
@@ -257,8 +259,8 @@ func (c *fenceServiceClient) GetEpoch(ctx context.Context, in *GetEpochRequest, 
 // Errors (google.rpc.Code):
 //   - INVALID_ARGUMENT: a malformed field; the message names it. Nothing is
 //     written.
-//   - NOT_FOUND: GetMark, DeleteMark or RebindMark of a resource that has no
-//     mark.
+//   - NOT_FOUND: GetMark, DeleteMark or RebindMark of a resource (or a
+//     resource's slot) that has no mark.
 //   - PERMISSION_DENIED: GetMark of a resource, or ListMarks of a prefix, that
 //     is not inside the caller's resource_prefixes; DeleteMark and RebindMark
 //     by a caller that is not an admin.
@@ -268,8 +270,10 @@ type FenceServiceServer interface {
 	// was ever accepted for it.
 	GetMark(context.Context, *GetMarkRequest) (*GetMarkResponse, error)
 	// ListMarks pages through the marks of resources whose names start with
-	// `prefix`. The order is stable: the byte order of the names with '%' and
-	// '/' read as "%25" and "%2F". With authorization, `prefix` must itself
+	// `prefix`, a semaphore's per-slot marks (Mark.slot) among them. The order
+	// is stable: the byte order of the names with '%' and '/' read as "%25"
+	// and "%2F", a slot's mark following as name + "/" + the slot's decimal
+	// digits (so "db", "db%2Fa" and then "db/0", "db/1", "db/10", "db/2"). With authorization, `prefix` must itself
 	// start with one of the caller's resource_prefixes (admins: any), so every
 	// mark listed is one the caller may use.
 	ListMarks(context.Context, *ListMarksRequest) (*ListMarksResponse, error)

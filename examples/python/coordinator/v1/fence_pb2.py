@@ -14,15 +14,16 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from google.protobuf import wrappers_pb2 as google_dot_protobuf_dot_wrappers__pb2
 
 
 DESCRIPTOR = _descriptor.FileDescriptor(
   name='coordinator/v1/fence.proto',
   package='coordinator.v1',
   syntax='proto3',
-  serialized_pb=_b('\n\x1a\x63oordinator/v1/fence.proto\x12\x0e\x63oordinator.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x11\n\x0fGetEpochRequest\"@\n\x10GetEpochResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\r\n\x05\x66loor\x18\x02 \x01(\x03\x12\x0e\n\x06paused\x18\x03 \x01(\t\"e\n\x04Mark\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x0c\n\x04lock\x18\x03 \x01(\t\x12.\n\nupdated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\"\n\x0eGetMarkRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\"5\n\x0fGetMarkResponse\x12\"\n\x04mark\x18\x01 \x01(\x0b\x32\x14.coordinator.v1.Mark\"I\n\x10ListMarksRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"Q\n\x11ListMarksResponse\x12#\n\x05marks\x18\x01 \x03(\x0b\x32\x14.coordinator.v1.Mark\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"%\n\x11\x44\x65leteMarkRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\"8\n\x12\x44\x65leteMarkResponse\x12\"\n\x04mark\x18\x01 \x01(\x0b\x32\x14.coordinator.v1.Mark\"3\n\x11RebindMarkRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0c\n\x04lock\x18\x02 \x01(\t\"8\n\x12RebindMarkResponse\x12\"\n\x04mark\x18\x01 \x01(\x0b\x32\x14.coordinator.v1.Mark2\xa5\x03\n\x0c\x46\x65nceService\x12J\n\x07GetMark\x12\x1e.coordinator.v1.GetMarkRequest\x1a\x1f.coordinator.v1.GetMarkResponse\x12P\n\tListMarks\x12 .coordinator.v1.ListMarksRequest\x1a!.coordinator.v1.ListMarksResponse\x12S\n\nDeleteMark\x12!.coordinator.v1.DeleteMarkRequest\x1a\".coordinator.v1.DeleteMarkResponse\x12S\n\nRebindMark\x12!.coordinator.v1.RebindMarkRequest\x1a\".coordinator.v1.RebindMarkResponse\x12M\n\x08GetEpoch\x12\x1f.coordinator.v1.GetEpochRequest\x1a .coordinator.v1.GetEpochResponseBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3')
+  serialized_pb=_b('\n\x1a\x63oordinator/v1/fence.proto\x12\x0e\x63oordinator.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/wrappers.proto\"\x11\n\x0fGetEpochRequest\"@\n\x10GetEpochResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\r\n\x05\x66loor\x18\x02 \x01(\x03\x12\x0e\n\x06paused\x18\x03 \x01(\t\"\x90\x01\n\x04Mark\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x0c\n\x04lock\x18\x03 \x01(\t\x12.\n\nupdated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x04slot\x18\x05 \x01(\x0b\x32\x1b.google.protobuf.Int32Value\"M\n\x0eGetMarkRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12)\n\x04slot\x18\x02 \x01(\x0b\x32\x1b.google.protobuf.Int32Value\"5\n\x0fGetMarkResponse\x12\"\n\x04mark\x18\x01 \x01(\x0b\x32\x14.coordinator.v1.Mark\"I\n\x10ListMarksRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\"Q\n\x11ListMarksResponse\x12#\n\x05marks\x18\x01 \x03(\x0b\x32\x14.coordinator.v1.Mark\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"P\n\x11\x44\x65leteMarkRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12)\n\x04slot\x18\x02 \x01(\x0b\x32\x1b.google.protobuf.Int32Value\"8\n\x12\x44\x65leteMarkResponse\x12\"\n\x04mark\x18\x01 \x01(\x0b\x32\x14.coordinator.v1.Mark\"^\n\x11RebindMarkRequest\x12\x10\n\x08resource\x18\x01 \x01(\t\x12\x0c\n\x04lock\x18\x02 \x01(\t\x12)\n\x04slot\x18\x03 \x01(\x0b\x32\x1b.google.protobuf.Int32Value\"8\n\x12RebindMarkResponse\x12\"\n\x04mark\x18\x01 \x01(\x0b\x32\x14.coordinator.v1.Mark2\xa5\x03\n\x0c\x46\x65nceService\x12J\n\x07GetMark\x12\x1e.coordinator.v1.GetMarkRequest\x1a\x1f.coordinator.v1.GetMarkResponse\x12P\n\tListMarks\x12 .coordinator.v1.ListMarksRequest\x1a!.coordinator.v1.ListMarksResponse\x12S\n\nDeleteMark\x12!.coordinator.v1.DeleteMarkRequest\x1a\".coordinator.v1.DeleteMarkResponse\x12S\n\nRebindMark\x12!.coordinator.v1.RebindMarkRequest\x1a\".coordinator.v1.RebindMarkResponse\x12M\n\x08GetEpoch\x12\x1f.coordinator.v1.GetEpochRequest\x1a .coordinator.v1.GetEpochResponseBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3')
   ,
-  dependencies=[google_dot_protobuf_dot_timestamp__pb2.DESCRIPTOR,])
+  dependencies=[google_dot_protobuf_dot_timestamp__pb2.DESCRIPTOR,google_dot_protobuf_dot_wrappers__pb2.DESCRIPTOR,])
 
 
 
@@ -46,8 +47,8 @@ _GETEPOCHREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=79,
-  serialized_end=96,
+  serialized_start=111,
+  serialized_end=128,
 )
 
 
@@ -91,8 +92,8 @@ _GETEPOCHRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=98,
-  serialized_end=162,
+  serialized_start=130,
+  serialized_end=194,
 )
 
 
@@ -131,6 +132,13 @@ _MARK = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='slot', full_name='coordinator.v1.Mark.slot', index=4,
+      number=5, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -143,8 +151,8 @@ _MARK = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=164,
-  serialized_end=265,
+  serialized_start=197,
+  serialized_end=341,
 )
 
 
@@ -162,6 +170,13 @@ _GETMARKREQUEST = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='slot', full_name='coordinator.v1.GetMarkRequest.slot', index=1,
+      number=2, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -174,8 +189,8 @@ _GETMARKREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=267,
-  serialized_end=301,
+  serialized_start=343,
+  serialized_end=420,
 )
 
 
@@ -205,8 +220,8 @@ _GETMARKRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=303,
-  serialized_end=356,
+  serialized_start=422,
+  serialized_end=475,
 )
 
 
@@ -250,8 +265,8 @@ _LISTMARKSREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=358,
-  serialized_end=431,
+  serialized_start=477,
+  serialized_end=550,
 )
 
 
@@ -288,8 +303,8 @@ _LISTMARKSRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=433,
-  serialized_end=514,
+  serialized_start=552,
+  serialized_end=633,
 )
 
 
@@ -307,6 +322,13 @@ _DELETEMARKREQUEST = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='slot', full_name='coordinator.v1.DeleteMarkRequest.slot', index=1,
+      number=2, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -319,8 +341,8 @@ _DELETEMARKREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=516,
-  serialized_end=553,
+  serialized_start=635,
+  serialized_end=715,
 )
 
 
@@ -350,8 +372,8 @@ _DELETEMARKRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=555,
-  serialized_end=611,
+  serialized_start=717,
+  serialized_end=773,
 )
 
 
@@ -376,6 +398,13 @@ _REBINDMARKREQUEST = _descriptor.Descriptor(
       message_type=None, enum_type=None, containing_type=None,
       is_extension=False, extension_scope=None,
       options=None, file=DESCRIPTOR),
+    _descriptor.FieldDescriptor(
+      name='slot', full_name='coordinator.v1.RebindMarkRequest.slot', index=2,
+      number=3, type=11, cpp_type=10, label=1,
+      has_default_value=False, default_value=None,
+      message_type=None, enum_type=None, containing_type=None,
+      is_extension=False, extension_scope=None,
+      options=None, file=DESCRIPTOR),
   ],
   extensions=[
   ],
@@ -388,8 +417,8 @@ _REBINDMARKREQUEST = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=613,
-  serialized_end=664,
+  serialized_start=775,
+  serialized_end=869,
 )
 
 
@@ -419,14 +448,18 @@ _REBINDMARKRESPONSE = _descriptor.Descriptor(
   extension_ranges=[],
   oneofs=[
   ],
-  serialized_start=666,
-  serialized_end=722,
+  serialized_start=871,
+  serialized_end=927,
 )
 
 _MARK.fields_by_name['updated_at'].message_type = google_dot_protobuf_dot_timestamp__pb2._TIMESTAMP
+_MARK.fields_by_name['slot'].message_type = google_dot_protobuf_dot_wrappers__pb2._INT32VALUE
+_GETMARKREQUEST.fields_by_name['slot'].message_type = google_dot_protobuf_dot_wrappers__pb2._INT32VALUE
 _GETMARKRESPONSE.fields_by_name['mark'].message_type = _MARK
 _LISTMARKSRESPONSE.fields_by_name['marks'].message_type = _MARK
+_DELETEMARKREQUEST.fields_by_name['slot'].message_type = google_dot_protobuf_dot_wrappers__pb2._INT32VALUE
 _DELETEMARKRESPONSE.fields_by_name['mark'].message_type = _MARK
+_REBINDMARKREQUEST.fields_by_name['slot'].message_type = google_dot_protobuf_dot_wrappers__pb2._INT32VALUE
 _REBINDMARKRESPONSE.fields_by_name['mark'].message_type = _MARK
 DESCRIPTOR.message_types_by_name['GetEpochRequest'] = _GETEPOCHREQUEST
 DESCRIPTOR.message_types_by_name['GetEpochResponse'] = _GETEPOCHRESPONSE
@@ -528,8 +561,8 @@ _FENCESERVICE = _descriptor.ServiceDescriptor(
   file=DESCRIPTOR,
   index=0,
   options=None,
-  serialized_start=725,
-  serialized_end=1146,
+  serialized_start=930,
+  serialized_end=1351,
   methods=[
   _descriptor.MethodDescriptor(
     name='GetMark',

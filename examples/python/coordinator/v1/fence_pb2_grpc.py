@@ -70,8 +70,8 @@ class FenceServiceStub(object):
   Errors (google.rpc.Code):
   - INVALID_ARGUMENT: a malformed field; the message names it. Nothing is
   written.
-  - NOT_FOUND: GetMark, DeleteMark or RebindMark of a resource that has no
-  mark.
+  - NOT_FOUND: GetMark, DeleteMark or RebindMark of a resource (or a
+  resource's slot) that has no mark.
   - PERMISSION_DENIED: GetMark of a resource, or ListMarks of a prefix, that
   is not inside the caller's resource_prefixes; DeleteMark and RebindMark
   by a caller that is not an admin.
@@ -177,8 +177,8 @@ class FenceServiceServicer(object):
   Errors (google.rpc.Code):
   - INVALID_ARGUMENT: a malformed field; the message names it. Nothing is
   written.
-  - NOT_FOUND: GetMark, DeleteMark or RebindMark of a resource that has no
-  mark.
+  - NOT_FOUND: GetMark, DeleteMark or RebindMark of a resource (or a
+  resource's slot) that has no mark.
   - PERMISSION_DENIED: GetMark of a resource, or ListMarks of a prefix, that
   is not inside the caller's resource_prefixes; DeleteMark and RebindMark
   by a caller that is not an admin.
@@ -195,8 +195,10 @@ class FenceServiceServicer(object):
 
   def ListMarks(self, request, context):
     """ListMarks pages through the marks of resources whose names start with
-    `prefix`. The order is stable: the byte order of the names with '%' and
-    '/' read as "%25" and "%2F". With authorization, `prefix` must itself
+    `prefix`, a semaphore's per-slot marks (Mark.slot) among them. The order
+    is stable: the byte order of the names with '%' and '/' read as "%25"
+    and "%2F", a slot's mark following as name + "/" + the slot's decimal
+    digits (so "db", "db%2Fa" and then "db/0", "db/1", "db/10", "db/2"). With authorization, `prefix` must itself
     start with one of the caller's resource_prefixes (admins: any), so every
     mark listed is one the caller may use.
     """
