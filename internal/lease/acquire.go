@@ -49,7 +49,7 @@ type attempt struct {
 	handle  string
 	rec     record
 	session bool   // id is a session's lease: withdraw by deleting the key, never revoke
-	pred    string // the immediate predecessor's key when the attempt joined, if known
+	pred    target // the immediate predecessor when the attempt joined, if known (key "" if not)
 	// reqRecord is the encoded request record a request-id join writes.
 	reqRecord string
 	modRev    int64 // the queue key's mod revision as this attempt last wrote or read it, 0 if unknown (withdraw.go)

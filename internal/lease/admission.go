@@ -4,6 +4,7 @@ import (
 	"context"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/coordinatord/coordinatord/internal/keyspace"
@@ -94,11 +95,25 @@ func (q admission) holderRead() (string, []clientv3.OpOption) {
 // under the prefix key (a semaphore's first waiter: any holder's end). A
 // watch from rev+1 sees every change since the read that chose it (rev 0:
 // from now, then key's presence is checked).
+//
+// created is the create revision of the queue entry that blocks (0: any
+// key named key blocks, as a lock-delay key does). A queue key is named by
+// its lease, and a released grant's lease is pooled and reused by its next
+// Acquire: the predecessor can be deleted and written again, behind the
+// waiter, before the waiter's watch exists. That key is another entry,
+// and the predecessor is gone.
 type target struct {
-	key    string
-	prefix bool
-	puts   bool
-	rev    int64
+	key     string
+	prefix  bool
+	puts    bool
+	rev     int64
+	created int64
+}
+
+// present reports whether kvs, a read of t's key, shows the entry t waits
+// for.
+func (t target) present(kvs []*mvccpb.KeyValue) bool {
+	return len(kvs) > 0 && (t.created == 0 || kvs[0].CreateRevision == t.created)
 }
 
 // blocker is what the entry of create revision token waits for (key ""
@@ -120,7 +135,7 @@ func (q admission) blocker(ctx context.Context, kv clientv3.KV, token int64) (t 
 		return target{}, 0, "find predecessor", err
 	}
 	if len(r.Kvs) > 0 {
-		return target{key: string(r.Kvs[0].Key)}, 0, "", nil
+		return target{key: string(r.Kvs[0].Key), created: r.Kvs[0].CreateRevision}, 0, "", nil
 	}
 	key, errOp, err := q.delayBlocker(ctx, kv)
 	return target{key: key}, 0, errOp, err
@@ -153,18 +168,18 @@ func (q admission) joinRead() clientv3.Op {
 }
 
 // joinBlocker is the predecessor of a mutex's (or writer's) entry of
-// create revision token from joinRead's answer, or "" if that answer does
-// not tell; a *LimitMismatchError if the predecessor is a semaphore's. A
-// reader or a semaphore's entry finds its blocker by reading (blocker).
-func (q admission) joinBlocker(r *pb.RangeResponse, token int64) (string, error) {
+// create revision token from joinRead's answer, or key "" if that answer
+// does not tell; a *LimitMismatchError if the predecessor is a semaphore's.
+// A reader or a semaphore's entry finds its blocker by reading (blocker).
+func (q admission) joinBlocker(r *pb.RangeResponse, token int64) (target, error) {
 	kvs := r.GetKvs()
 	if !q.shape.Plain() || len(kvs) != 2 || kvs[0].CreateRevision != token {
-		return "", nil
+		return target{}, nil
 	}
 	if s, _ := keyspace.ShapeOf(kvs[1].Value); s.Semaphore() {
-		return "", &LimitMismatchError{Name: q.name, InForce: s.Limit, Asked: 1}
+		return target{}, &LimitMismatchError{Name: q.name, InForce: s.Limit, Asked: 1}
 	}
-	return string(kvs[1].Key), nil
+	return target{key: string(kvs[1].Key), created: kvs[1].CreateRevision}, nil
 }
 
 // holderToken is the token of name's holder for a refusal's details (0 if

@@ -253,8 +253,8 @@ func TestWaiterKeyGoneBeforeTheWatch(t *testing.T) {
 		return a
 	}
 	a := join()
-	if want := m.ks.key("gap", clientv3.LeaseID(holder.LeaseID)); a.pred != want {
-		t.Fatalf("predecessor from the join = %q, want the holder's key %q", a.pred, want)
+	if want := m.ks.key("gap", clientv3.LeaseID(holder.LeaseID)); a.pred.key != want {
+		t.Fatalf("predecessor from the join = %q, want the holder's key %q", a.pred.key, want)
 	}
 	// With an identity the join writes one more key; the predecessor is
 	// still found (here: a, the newest older key).
@@ -267,8 +267,8 @@ func TestWaiterKeyGoneBeforeTheWatch(t *testing.T) {
 	if err != nil || g != nil || ai == nil {
 		t.Fatalf("join with an identity: %v %v %v", ai, g, err)
 	}
-	if ai.pred != a.key {
-		t.Fatalf("predecessor from a join with an identity = %q, want %q", ai.pred, a.key)
+	if ai.pred.key != a.key {
+		t.Fatalf("predecessor from a join with an identity = %q, want %q", ai.pred.key, a.key)
 	}
 	m.withdraw(ai)
 	if _, err := cli.Delete(ctx, a.key); err != nil {
@@ -378,4 +378,58 @@ func TestLateRenewalIsNotReportedAsRenewed(t *testing.T) {
 	if _, _, err := m.KeepAliveSession(ctx, s.Handle); !errors.Is(err, ErrSessionNotFound) {
 		t.Fatalf("late session renewal: %v, want ErrSessionNotFound", err)
 	}
+}
+
+// A waiter's predecessor key can be written again, behind the waiter: a
+// released grant's lease is pooled and reused by its next Acquire, and a
+// queue key is named by its lease, so the holder that released and joined
+// again at once has the same key, now newer than the waiter. The waiter
+// heads the queue; waiting for that key to go (it waits for the waiter)
+// deadlocked the queue until the callers gave up (coordbench's contended
+// cell saw no cycle in a window).
+func TestPredecessorKeyWrittenAgainBehindTheWaiter(t *testing.T) {
+	m, cli := newTestManager(t)
+	ctx := context.Background()
+	o, err := m.acquireOptions("reborn", []AcquireOption{WithTTL(30 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	join := func() *attempt {
+		t.Helper()
+		p, err := m.join(ctx, ctx, "reborn", o)
+		if err != nil || p.grant != nil || p.waiter == nil {
+			t.Fatalf("join: %v %v %v; want a queued attempt", p.waiter, p.grant, err)
+		}
+		return p.waiter
+	}
+	holder, err := m.Acquire(ctx, "reborn", WithTTL(30*time.Second), WithWait(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := join()
+	// The read a waiter makes once its watch exists shows the predecessor
+	// as present while it is (a keys-only read carries create revisions).
+	if r, err := cli.Get(ctx, b.pred.key, clientv3.WithKeysOnly()); err != nil || !b.pred.present(r.Kvs) {
+		t.Fatalf("the holder's entry %+v is not present to its waiter: %v %v", b.pred, r, err)
+	}
+	if ok, err := m.Release(ctx, holder.Name, holder.Token, holder.Handle); err != nil || !ok {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+	again := join() // on the holder's pooled lease: the holder's key, behind b
+	if again.key != b.pred.key || again.token < b.token {
+		t.Fatalf("the join after the release is %q at %d; the test needs the released key %q again, behind %d", again.key, again.token, b.pred.key, b.token)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := m.wait(wctx, wctx, b, nil); err != nil {
+		t.Fatalf("the waiter that heads the queue: wait = %v, want admitted", err)
+	}
+	if b.rec.Acquired == 0 {
+		t.Fatal("the waiter heads the queue but did not claim the lock")
+	}
+	m.withdraw(b)
+	if err := m.wait(wctx, wctx, again, nil); err != nil {
+		t.Fatalf("the next waiter after the head left: wait = %v, want admitted", err)
+	}
+	m.withdraw(again)
 }

@@ -127,7 +127,7 @@ func (q admission) readerBlocker(ctx context.Context, kv clientv3.KV, token int6
 	}
 	for i := len(older) - 1; i >= 0; i-- {
 		if s, _ := keyspace.ShapeOf(older[i].Value); !s.Shared {
-			return target{key: string(older[i].Key)}, "", nil
+			return target{key: string(older[i].Key), created: older[i].CreateRevision}, "", nil
 		}
 	}
 	key, errOp, err := q.delayBlocker(ctx, kv)

@@ -42,7 +42,7 @@ func (m *Manager) wait(ctx, parent context.Context, a *attempt, timeout <-chan t
 		}
 		// What stands between us and admission (our immediate predecessor
 		// is known from the join at first).
-		t := target{key: a.pred}
+		t := a.pred
 		if !first || t.key == "" {
 			next, slot, op, err := q.blocker(w.ctx, m.cli, a.token)
 			if err != nil {
@@ -273,13 +273,14 @@ func (w *waiter) awaitDelete(t target, wch clientv3.WatchChan, timeout <-chan ti
 	}
 }
 
-// stillThere checks, once t's watch exists, whether its key is gone
-// already; the first time, together with the waiter's own key (errLost if
+// stillThere checks, once t's watch exists, whether the entry it waits for
+// is gone already (its key deleted, or written again as another entry:
+// target); the first time, together with the waiter's own key (errLost if
 // that one is gone). A prefix is never gone: its watch started at the
 // revision of the read that chose it, and delivers every end since.
 func (w *waiter) stillThere(t target) (gone bool, err error) {
 	ctx := w.ctx
-	keyOp := clientv3.OpGet(t.key, clientv3.WithCountOnly())
+	keyOp := clientv3.OpGet(t.key, clientv3.WithKeysOnly())
 	if t.prefix {
 		keyOp = clientv3.OpGet(t.key, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	}
@@ -287,11 +288,11 @@ func (w *waiter) stillThere(t target) (gone bool, err error) {
 		if t.prefix {
 			return false, nil
 		}
-		r, err := w.m.cli.Get(ctx, t.key, clientv3.WithCountOnly())
+		r, err := w.m.cli.Get(ctx, t.key, clientv3.WithKeysOnly())
 		if err != nil {
 			return false, err
 		}
-		return r.Count == 0, nil
+		return !t.present(r.Kvs), nil
 	}
 	if err := w.own.await(ctx); err != nil {
 		return false, err
@@ -305,7 +306,7 @@ func (w *waiter) stillThere(t target) (gone bool, err error) {
 		w.markLost()
 		return true, errLost
 	}
-	return !t.prefix && r.Responses[0].GetResponseRange().GetCount() == 0, nil
+	return !t.prefix && !t.present(r.Responses[0].GetResponseRange().GetKvs()), nil
 }
 
 // keepWaiterAlive renews a waiter's leases every third of the TTL until ctx
