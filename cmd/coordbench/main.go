@@ -44,6 +44,20 @@ type config struct {
 
 func (c config) has(sc string) bool { return slices.Contains(c.scenarios, sc) }
 
+// withDataDir gives c a new temporary etcd data directory if -data-dir was
+// not set; cleanup removes it (and leaves one given by -data-dir alone).
+func (c *config) withDataDir() (cleanup func(), err error) {
+	if c.dataDir != "" {
+		return func() {}, nil
+	}
+	d, err := os.MkdirTemp("", "coordbench-etcd")
+	if err != nil {
+		return nil, err
+	}
+	c.dataDir = d
+	return func() { os.RemoveAll(d) }, nil
+}
+
 func ints(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
@@ -206,14 +220,11 @@ func newBench(cfg config, role, dir string) (b *bench, stop func(), err error) {
 // the report.
 func bench1(cfg config) (rep *report, err error) {
 	start := time.Now()
-	if cfg.dataDir == "" {
-		d, err := os.MkdirTemp("", "coordbench-etcd")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(d)
-		cfg.dataDir = d
+	cleanup, err := cfg.withDataDir()
+	if err != nil {
+		return nil, err
 	}
+	defer cleanup()
 	if cfg.profileDir != "" {
 		if err := os.MkdirAll(cfg.profileDir, 0o755); err != nil {
 			return nil, err

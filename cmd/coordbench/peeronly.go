@@ -41,14 +41,11 @@ const (
 // peerOnly runs the -peer-only comparison and prints its table.
 func peerOnly(cfg config) (*report, error) {
 	start := time.Now()
-	if cfg.dataDir == "" {
-		d, err := os.MkdirTemp("", "coordbench-etcd")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(d)
-		cfg.dataDir = d
+	cleanup, err := cfg.withDataDir()
+	if err != nil {
+		return nil, err
 	}
+	defer cleanup()
 	now, stopNow, err := newBench(cfg, roleEtcd, filepath.Join(cfg.dataDir, "etcd"))
 	if err != nil {
 		return nil, err

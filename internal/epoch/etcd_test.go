@@ -45,6 +45,18 @@ func newMember(t *testing.T) *member {
 	return m
 }
 
+// runningMember is a member started in a temporary directory and stopped
+// when the test ends, and a context that bounds the test's calls.
+func runningMember(t *testing.T) (context.Context, *member) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	m := newMember(t)
+	m.start(t, t.TempDir())
+	t.Cleanup(m.stop)
+	return ctx, m
+}
+
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")

@@ -19,11 +19,7 @@ import (
 // accepts a token of the lost history meanwhile, and a token granted
 // through one validates through the other.
 func TestRestoreTwoRunningReplicasAgree(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	m := newMember(t)
-	m.start(t, t.TempDir())
-	defer m.stop()
+	ctx, m := runningMember(t)
 	a, b := startCoord(t, m), startCoord(t, m)
 	defer a.close()
 	defer b.close()
@@ -144,11 +140,7 @@ func errorInfo(err error) *errdetails.ErrorInfo {
 // heartbeat ends the stream (Lost, or UNAVAILABLE while the replica is
 // paused), and its token does not validate.
 func TestRestoreEndsHoldStreams(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	m := newMember(t)
-	m.start(t, t.TempDir())
-	defer m.stop()
+	ctx, m := runningMember(t)
 	c := startCoord(t, m)
 	defer c.close()
 	for range 20 {

@@ -165,11 +165,7 @@ func TestRestoreFencesOldTokens(t *testing.T) {
 }
 
 func restoreCase(t *testing.T, bump bumpKind, running bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	m := newMember(t)
-	m.start(t, t.TempDir())
-	defer m.stop()
+	ctx, m := runningMember(t)
 	c := startCoord(t, m)
 	defer func() { c.close() }()
 

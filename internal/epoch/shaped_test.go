@@ -36,11 +36,7 @@ func (c *coord) acquireShaped(t *testing.T, ctx context.Context, name string, li
 // before, and the permits and readers of before the restore validate
 // nowhere.
 func TestRestoreSemaphoreAndReadersInTheNewEpoch(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	m := newMember(t)
-	m.start(t, t.TempDir())
-	defer m.stop()
+	ctx, m := runningMember(t)
 	c := startCoord(t, m)
 	defer func() { c.close() }()
 

@@ -23,11 +23,7 @@ import (
 // last revision seen + 1 answers OUT_OF_RANGE, EPOCH_CHANGED, and a new
 // stream's revisions and tokens are above everything seen before it.
 func TestRestoreEndsWatchStreams(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	m := newMember(t)
-	m.start(t, t.TempDir())
-	defer m.stop()
+	ctx, m := runningMember(t)
 	c := startCoord(t, m)
 	defer c.close()
 	c.release(t, ctx, c.acquire(t, ctx, "w"))
@@ -113,11 +109,7 @@ func TestRestoreEndsWatchStreams(t *testing.T) {
 // after a restore without --bump-revision; the lease manager's own watch,
 // resumed from a revision the restore took back, waited silently.
 func TestRestoreRestartsTheLockEndWatch(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	m := newMember(t)
-	m.start(t, t.TempDir())
-	defer m.stop()
+	ctx, m := runningMember(t)
 	c := startCoord(t, m)
 	defer c.close()
 	var mu sync.Mutex

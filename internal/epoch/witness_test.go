@@ -1,7 +1,6 @@
 package epoch_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -19,11 +18,7 @@ import (
 // the lost one again (the chaos suite's restore scenario saw a release of
 // a holder whose key came back answer released=true).
 func TestRestoreFoundByTheRevisionsItAnswered(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	m := newMember(t)
-	m.start(t, t.TempDir())
-	defer m.stop()
+	ctx, m := runningMember(t)
 	// Checks only at start and when asked (Check).
 	c := startCoord(t, m, coordinator.WithEpochInterval(time.Hour))
 	defer c.close()
