@@ -140,7 +140,7 @@ func (t *Table) Fail() {
 	}
 	clear(t.waiting)
 	clear(t.calls)
-	t.openOps, t.open = nil, nil
+	t.openOps, t.open, t.out = nil, nil, nil
 	sort.Slice(t.replies, func(i, j int) bool { return t.replies[i].Call < t.replies[j].Call })
 }
 

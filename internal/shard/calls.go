@@ -1,0 +1,192 @@
+package shard
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/locktable"
+)
+
+// The calls of the lock service on the shard-owner core. Each runs its
+// step on the name's shard table under the shard's mutex and waits for
+// the reply (an Acquire until its grant commits or its wait ends; a
+// Release until its delete commits; a KeepAlive not at all: it is
+// memory-only). Outcomes come back as the lease package's errors, which
+// the server already maps to status codes.
+
+// Acquire queues for the lock and returns the grant (a.Call and, without
+// a request id, a.Secret are filled in here).
+func (o *Owner) Acquire(ctx context.Context, a locktable.Acquire) (*locktable.Grant, error) {
+	s := o.shards[o.ShardOf(a.Name)]
+	a.Secret = randomSecret()
+	r, err := o.call(ctx, s, func(now time.Time, c locktable.CallID) {
+		a.Call = c
+		s.tab.Acquire(now, a)
+	})
+	if err != nil {
+		if r.Outcome == locktable.Granted && a.RequestID == "" {
+			o.abandon(r.Grant, a.Caller) // nothing else could ever release it
+		}
+		return nil, err
+	}
+	switch r.Outcome {
+	case locktable.Granted:
+		return r.Grant, nil
+	case locktable.NotGranted:
+		return nil, &lease.NotGrantedError{Name: a.Name, HolderToken: r.HolderToken}
+	}
+	return nil, outcomeErr(a.Name, r)
+}
+
+// Release ends the grant if the handle, token and caller are its own.
+func (o *Owner) Release(ctx context.Context, name string, token int64, handle, caller string) (bool, error) {
+	s := o.shards[o.ShardOf(name)]
+	r, err := o.call(ctx, s, func(now time.Time, c locktable.CallID) {
+		s.tab.Release(now, c, name, token, handle, caller)
+	})
+	if err != nil {
+		return false, err
+	}
+	if r.Outcome != locktable.Released {
+		return false, outcomeErr(name, r)
+	}
+	return r.Released, nil
+}
+
+// KeepAlive renews the grant for its TTL.
+func (o *Owner) KeepAlive(ctx context.Context, name string, token int64, handle, caller string) (*locktable.Renewal, error) {
+	s := o.shards[o.ShardOf(name)]
+	r, err := o.call(ctx, s, func(now time.Time, c locktable.CallID) {
+		s.tab.KeepAlive(now, c, name, token, handle, caller)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if r.Outcome != locktable.Renewed {
+		return nil, outcomeErr(name, r)
+	}
+	return &r.Renewal, nil
+}
+
+// Validate judges a token from the owner's table: no etcd request. The
+// table shows exactly what has committed, and the lease deadline makes
+// sure no other owner can have committed anything since.
+func (o *Owner) Validate(name string, token int64) (locktable.Verdict, error) {
+	s := o.shards[o.ShardOf(name)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := o.serving(s); err != nil {
+		return locktable.Verdict{}, err
+	}
+	return s.tab.Validate(name, token), nil
+}
+
+// Describe is the lock's holders and waiters, from the owner's table.
+func (o *Owner) Describe(name string) ([]locktable.Holder, []locktable.Waiter, error) {
+	s := o.shards[o.ShardOf(name)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := o.serving(s); err != nil {
+		return nil, nil, err
+	}
+	hs, ws := s.tab.Describe(name)
+	return hs, ws, nil
+}
+
+// List is every holder whose name starts with prefix, across the shards
+// this replica serves, sorted by name and token. It fails if a shard is
+// not served here (a multi-member List gathers from every owner).
+func (o *Owner) List(prefix string) ([]locktable.Holder, error) {
+	var out []locktable.Holder
+	for _, s := range o.shards {
+		s.mu.Lock()
+		if err := o.serving(s); err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
+		s.tab.Holders(func(h locktable.Holder) {
+			if strings.HasPrefix(h.Name, prefix) {
+				out = append(out, h)
+			}
+		})
+		s.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Name != out[j].Name {
+			return out[i].Name < out[j].Name
+		}
+		return out[i].Token < out[j].Token
+	})
+	return out, nil
+}
+
+// call runs one step on the shard's table and waits for its reply. If ctx
+// ends first the call is cancelled in the table, and ctx's error returned
+// with the reply that raced the cancellation, if any (a grant decided
+// meanwhile: see Acquire).
+func (o *Owner) call(ctx context.Context, s *shardState, step func(time.Time, locktable.CallID)) (locktable.Reply, error) {
+	ch := make(chan locktable.Reply, 1)
+	id := locktable.CallID(o.nextCall.Add(1))
+	s.mu.Lock()
+	if err := o.serving(s); err != nil {
+		s.mu.Unlock()
+		return locktable.Reply{}, err
+	}
+	s.answers[id] = ch
+	step(o.clock.Now(), id)
+	o.flush(s)
+	s.mu.Unlock()
+	select {
+	case r := <-ch:
+		return r, nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	if s.tab != nil {
+		s.tab.Cancel(o.clock.Now(), id)
+		o.flush(s)
+	}
+	delete(s.answers, id)
+	s.mu.Unlock()
+	select {
+	case r := <-ch:
+		return r, ctx.Err()
+	default:
+		return locktable.Reply{}, ctx.Err()
+	}
+}
+
+// abandon releases a grant whose caller went away before its answer.
+func (o *Owner) abandon(g *locktable.Grant, caller string) {
+	s := o.shards[o.ShardOf(g.Name)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tab == nil {
+		return
+	}
+	s.tab.Release(o.clock.Now(), locktable.CallID(o.nextCall.Add(1)), g.Name, g.Token, g.Handle, caller)
+	o.flush(s)
+}
+
+// outcomeErr is the lease error of a refusal.
+func outcomeErr(name string, r locktable.Reply) error {
+	switch r.Outcome {
+	case locktable.NotHeld:
+		return lease.ErrNotHeld
+	case locktable.MaxHoldReached:
+		return lease.ErrMaxHold
+	case locktable.RequestIDReused:
+		return lease.ErrRequestIDReused
+	case locktable.TooManyWaiters:
+		return &lease.TooManyWaitersError{Name: name, Limit: int64(r.InForce)}
+	case locktable.LimitMismatch:
+		return &lease.LimitMismatchError{Name: name, InForce: r.InForce, Shared: r.Shared}
+	case locktable.Unavailable:
+		return fmt.Errorf("%w: the shard of %q changed owner or reloaded during the call; retry with the same request id", lease.ErrUnavailable, name)
+	}
+	return fmt.Errorf("%w: unexpected outcome %d for %q", lease.ErrUnavailable, r.Outcome, name)
+}

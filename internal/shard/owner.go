@@ -1,0 +1,255 @@
+package shard
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/coordinatord/coordinatord/internal/keyspace"
+	"github.com/coordinatord/coordinatord/internal/locktable"
+)
+
+// Owner is one member replica's side of the shard-owner core: the shards
+// it owns, each a locktable.Table behind a mutex, the one Committer that
+// persists every shard's units (guarded by the owner keys), the member's
+// Lease whose deadline bounds every answer, and the Ownership that decides
+// which shards are its own.
+//
+// A call on a shard this replica does not own, or owns but cannot answer
+// now (loading, past the lease deadline, dropped after a commit of unknown
+// outcome), fails with a *NotServingError, which says which member owns it
+// if that is known (for forwarding) and is safe to retry.
+type Owner struct {
+	cli    *clientv3.Client
+	prefix string
+	lease  *Lease
+	own    *Ownership
+	com    *Committer
+	clock  Clock
+	log    *slog.Logger
+	shards []*shardState
+	cfg    ownerOptions
+
+	nextCall    atomic.Uint64
+	incarnation atomic.Uint64
+	closing     atomic.Bool
+	ctx         context.Context
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup // loads and timers in progress
+	closeOnce   sync.Once
+}
+
+// shardState is one shard as this replica serves it.
+type shardState struct {
+	n      uint32
+	broken atomic.Bool // a commit failed: send nothing more of this table (the committer's guard reads it)
+
+	mu       sync.Mutex
+	tab      *locktable.Table // nil: not served
+	gen      uint64           // bumped with every table: results of an older one are ignored
+	term     int64            // the owner key's create revision, 0 when not owned
+	answers  map[locktable.CallID]chan locktable.Reply
+	inflight int // units submitted and not yet done, any table's
+	timer    *time.Timer
+	timerAt  time.Time
+	loading  bool
+}
+
+type ownerOptions struct {
+	ttl        time.Duration
+	count      int
+	memberID   string
+	advertise  string
+	relay      bool
+	clock      Clock
+	log        *slog.Logger
+	maxWaiters int
+	adoptAfter time.Duration
+}
+
+// OwnerOption configures NewOwner.
+type OwnerOption func(*ownerOptions)
+
+// WithLeaseTTL sets the member lease's TTL (default 5s): a crashed owner's
+// shards serve again about this long after its last renewal.
+func WithLeaseTTL(d time.Duration) OwnerOption { return func(o *ownerOptions) { o.ttl = d } }
+
+// WithShards sets the shard count (default 256; fixed per cluster).
+func WithShards(n int) OwnerOption { return func(o *ownerOptions) { o.count = n } }
+
+// WithMember sets the member's id and the address its peers forward to.
+func WithMember(id, advertise string) OwnerOption {
+	return func(o *ownerOptions) { o.memberID, o.advertise = id, advertise }
+}
+
+// AsRelay makes the replica a relay: it owns nothing and only forwards.
+func AsRelay() OwnerOption { return func(o *ownerOptions) { o.relay = true } }
+
+// WithClock sets the clock of the lease deadline and of the tables (tests
+// skew it).
+func WithClock(c Clock) OwnerOption { return func(o *ownerOptions) { o.clock = c } }
+
+// WithOwnerLogger sets the logger.
+func WithOwnerLogger(l *slog.Logger) OwnerOption { return func(o *ownerOptions) { o.log = l } }
+
+// WithMaxWaitersPerLock bounds each lock's queue (0: unbounded).
+func WithMaxWaitersPerLock(n int) OwnerOption { return func(o *ownerOptions) { o.maxWaiters = n } }
+
+// NewOwner starts a member (or relay) of the shard-owner core on etcd under
+// the key prefix: its lease, its committer, its ownership. It returns once
+// registered; the shards it wins are served as each is loaded.
+func NewOwner(ctx context.Context, cli *clientv3.Client, prefix string, opts ...OwnerOption) (*Owner, error) {
+	cfg := ownerOptions{ttl: 5 * time.Second, count: 256, clock: RealClock(), log: slog.New(slog.DiscardHandler), adoptAfter: 3 * time.Second}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	o := &Owner{cli: cli, prefix: keyspace.New(prefix).Prefix(), clock: cfg.clock, log: cfg.log, cfg: cfg}
+	o.ctx, o.cancel = context.WithCancel(context.Background())
+	o.shards = make([]*shardState, cfg.count)
+	for i := range o.shards {
+		o.shards[i] = &shardState{n: uint32(i), answers: map[locktable.CallID]chan locktable.Reply{}}
+	}
+	l, err := NewLease(ctx, cli, cfg.ttl, cfg.clock)
+	if err != nil {
+		o.cancel()
+		return nil, err
+	}
+	o.lease = l
+	o.com = NewCommitter(cli, o.guard)
+	ownOpts := []OwnershipOption{WithShardCount(cfg.count), WithRole(cfg.relay), WithOwnershipLogger(cfg.log), WithAdoptAfter(cfg.adoptAfter)}
+	if cfg.memberID != "" {
+		ownOpts = append(ownOpts, WithMemberID(cfg.memberID))
+	}
+	if cfg.advertise != "" {
+		ownOpts = append(ownOpts, WithAdvertise(cfg.advertise))
+	}
+	own, err := NewOwnership(ctx, cli, o.prefix, l, Callbacks{Acquired: o.acquired, Lost: o.lost}, ownOpts...)
+	if err != nil {
+		o.com.Close()
+		l.Close(ctx)
+		o.cancel()
+		return nil, err
+	}
+	o.own = own
+	return o, nil
+}
+
+// guard is the committer's fence: a shard's owner key, while this replica
+// owns the shard, its lease deadline has not passed, and its table has not
+// been dropped (a unit queued behind a commit of unknown outcome must not
+// reach etcd: it was decided on a state etcd may not have).
+func (o *Owner) guard(shard uint32) (string, int64, bool) {
+	if o.shards[shard].broken.Load() {
+		return "", 0, false
+	}
+	return o.own.Guard(shard)
+}
+
+// ShardOf is the shard of a name.
+func (o *Owner) ShardOf(name string) uint32 { return ShardOf(name, len(o.shards)) }
+
+// Ownership is the replica's view of who owns what.
+func (o *Owner) Ownership() *Ownership { return o.own }
+
+// Lease is the member's lease.
+func (o *Owner) Lease() *Lease { return o.lease }
+
+// Stats are the committer's counts.
+func (o *Owner) Stats() CommitStats { return o.com.Stats() }
+
+// dataPrefix is where a shard's grants live.
+func (o *Owner) dataPrefix(shard uint32) string {
+	return fmt.Sprintf("%sshards/data/%05d/", o.prefix, shard)
+}
+
+// Close hands every shard over gracefully: new calls are refused, the
+// units in flight commit (until ctx ends), the owner keys are deleted so
+// that the next owners start at once, then the committer and the lease
+// stop. Waiters are answered Unavailable (they re-join elsewhere).
+func (o *Owner) Close(ctx context.Context) {
+	o.closeOnce.Do(func() {
+		o.closing.Store(true)
+		o.awaitQuiet(ctx)
+		o.own.Close(ctx)
+		o.cancel()
+		o.com.Close()
+		o.wg.Wait()
+		for _, s := range o.shards {
+			s.mu.Lock()
+			o.drop(s)
+			s.stopTimer()
+			s.mu.Unlock()
+		}
+		o.lease.Close(ctx)
+	})
+}
+
+// awaitQuiet waits until no shard has a unit in flight, or ctx ends.
+func (o *Owner) awaitQuiet(ctx context.Context) {
+	for {
+		busy := false
+		for _, s := range o.shards {
+			s.mu.Lock()
+			busy = busy || s.inflight > 0
+			s.mu.Unlock()
+		}
+		if !busy || ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// NotServingError: this replica cannot answer for the shard now. Owner is
+// the member that owns it, if known and not this one (forward there).
+type NotServingError struct {
+	Shard  uint32
+	Owner  string
+	Addr   string
+	Reason string
+}
+
+func (e *NotServingError) Error() string {
+	if e.Owner != "" {
+		return fmt.Sprintf("shard %d is owned by member %s (%s): %s; retry there, or on any replica, with the same request id", e.Shard, e.Owner, e.Addr, e.Reason)
+	}
+	return fmt.Sprintf("shard %d is not served here now: %s; retry shortly with the same request id", e.Shard, e.Reason)
+}
+
+// ErrNotServing matches every *NotServingError.
+var ErrNotServing = errors.New("shard: not served here")
+
+// Is makes errors.Is(err, ErrNotServing) true.
+func (e *NotServingError) Is(target error) bool { return target == ErrNotServing }
+
+// serving checks, under s.mu, that s's table may answer now.
+func (o *Owner) serving(s *shardState) error {
+	switch {
+	case o.closing.Load():
+		return &NotServingError{Shard: s.n, Reason: "this replica is shutting down"}
+	case s.term == 0:
+		id, addr, _ := o.own.Owner(s.n)
+		return &NotServingError{Shard: s.n, Owner: id, Addr: addr, Reason: "another member owns it, or nobody does yet"}
+	case s.tab == nil || s.tab.Dead():
+		return &NotServingError{Shard: s.n, Reason: "its state is being loaded from etcd"}
+	case !o.lease.Valid():
+		return &NotServingError{Shard: s.n, Reason: "this member's lease deadline passed before etcd confirmed a renewal"}
+	}
+	return nil
+}
+
+func randomSecret() (s [16]byte) {
+	_, _ = rand.Read(s[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return s
+}

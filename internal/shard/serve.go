@@ -1,0 +1,215 @@
+package shard
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/coordinatord/coordinatord/internal/keyspace"
+	"github.com/coordinatord/coordinatord/internal/locktable"
+)
+
+// The life of a served shard: won (acquired) → loaded from etcd → serving
+// → dropped when it is lost, handed over, or a commit's outcome is unknown;
+// after an unknown outcome it is loaded again once none of its units is in
+// flight any more (the committer sends nothing of a broken shard), so the
+// new table starts from exactly what etcd holds.
+
+// acquired is the ownership callback of a won shard: load it.
+func (o *Owner) acquired(shard uint32, rev int64) {
+	s := o.shards[shard]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o.drop(s)
+	s.term = rev
+	o.startLoad(s)
+}
+
+// lost is the ownership callback of a shard no longer owned: answer
+// nothing more for it.
+func (o *Owner) lost(shard uint32) {
+	s := o.shards[shard]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o.drop(s)
+	s.term = 0
+}
+
+// drop fails the shard's table: its calls in progress are answered
+// Unavailable, and the results of its units in flight are ignored.
+func (o *Owner) drop(s *shardState) {
+	if s.tab != nil {
+		s.tab.Fail()
+		o.flush(s)
+	}
+	s.tab = nil
+	s.gen++
+	s.stopTimer()
+}
+
+// startLoad loads the shard in the background once nothing of an older
+// table is in flight (under s.mu).
+func (o *Owner) startLoad(s *shardState) {
+	if s.loading || s.inflight > 0 || s.term == 0 || o.ctx.Err() != nil {
+		return
+	}
+	s.loading = true
+	gen, term := s.gen, s.term
+	o.wg.Add(1)
+	go func() {
+		defer o.wg.Done()
+		o.load(s, gen, term)
+	}()
+}
+
+// load reads the shard's grants from etcd and serves them from a new
+// table, if nothing changed meanwhile; on a failed read it tries again.
+func (o *Owner) load(s *shardState, gen uint64, term int64) {
+	for attempt := 0; ; attempt++ {
+		loaded, err := o.readShard(s.n)
+		s.mu.Lock()
+		if s.gen != gen || s.term != term || o.ctx.Err() != nil {
+			s.loading = false
+			o.startLoad(s) // a newer term may wait for this load to end
+			s.mu.Unlock()
+			return
+		}
+		if err == nil {
+			s.tab = locktable.New(locktable.Config{Prefix: o.dataPrefix(s.n), Escape: keyspace.Escape,
+				Term: term, Incarnation: o.incarnation.Add(1), MaxWaiters: o.cfg.maxWaiters})
+			s.tab.Load(o.clock.Now(), loaded)
+			s.broken.Store(false)
+			s.loading = false
+			o.flush(s)
+			s.mu.Unlock()
+			return
+		}
+		s.mu.Unlock()
+		o.log.Warn("shard: loading a won shard from etcd failed; retrying", "shard", s.n, "err", err)
+		select {
+		case <-o.ctx.Done():
+		case <-time.After(min(time.Duration(attempt+1)*50*time.Millisecond, time.Second)):
+		}
+	}
+}
+
+// readShard is every grant etcd holds for the shard.
+func (o *Owner) readShard(shard uint32) ([]locktable.Loaded, error) {
+	ctx, cancel := context.WithTimeout(o.ctx, 5*time.Second)
+	defer cancel()
+	resp, err := o.cli.Get(ctx, o.dataPrefix(shard), clientv3.WithPrefix())
+	if err != nil {
+		return nil, err
+	}
+	out := make([]locktable.Loaded, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		r, err := locktable.DecodeRecord(kv.Value)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, locktable.Loaded{Key: string(kv.Key), Token: kv.CreateRevision, Record: r})
+	}
+	return out, nil
+}
+
+// flush hands the table's output over (under s.mu): units to the
+// committer, replies to their callers; and sets the timer to the table's
+// next deadline.
+func (o *Owner) flush(s *shardState) {
+	if s.tab == nil {
+		return
+	}
+	rd := s.tab.Ready()
+	for _, u := range rd.Units {
+		o.submit(s, u)
+	}
+	for _, r := range rd.Replies {
+		if ch := s.answers[r.Call]; ch != nil {
+			delete(s.answers, r.Call)
+			ch <- r
+		}
+	}
+	o.arm(s)
+}
+
+// submit sends one unit to the committer; its result comes back to
+// committed with the table generation it was made by.
+func (o *Owner) submit(s *shardState, u locktable.Unit) {
+	ops := make([]Op, len(u.Ops))
+	for i, op := range u.Ops {
+		ops[i] = Op{Key: op.Key, Value: op.Value, Delete: op.Delete}
+		if !op.Delete {
+			ops[i].Conflict = "grant:" + op.Name
+		}
+	}
+	s.inflight++
+	gen, id := s.gen, u.ID
+	o.com.Submit(Unit{Shard: s.n, Ops: ops, Done: func(rev int64, err error) {
+		if err != nil {
+			s.broken.Store(true) // before the committer builds its next Txn
+		}
+		o.committed(s, gen, id, rev, err)
+	}})
+}
+
+// committed takes a unit's result. A failure drops the table: a lost
+// guard means another owner, an unknown outcome means etcd may hold what
+// the table does not; either way the next table is loaded from etcd.
+func (o *Owner) committed(s *shardState, gen, unit uint64, rev int64, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inflight--
+	if gen == s.gen && s.tab != nil {
+		if err == nil {
+			s.tab.Committed(o.clock.Now(), unit, rev)
+			o.flush(s)
+		} else {
+			if !errors.Is(err, ErrClosed) {
+				o.log.Warn("shard: a commit failed; the shard reloads from etcd", "shard", s.n, "err", err)
+			}
+			o.drop(s)
+		}
+	}
+	if s.inflight == 0 && s.tab == nil {
+		o.startLoad(s)
+	}
+}
+
+// arm sets the shard's timer to its table's next deadline, unless an
+// earlier one is set already.
+func (o *Owner) arm(s *shardState) {
+	next := s.tab.NextDeadline()
+	if next.IsZero() || (!s.timerAt.IsZero() && !next.Before(s.timerAt)) {
+		return
+	}
+	s.stopTimer()
+	s.timerAt = next
+	s.timer = time.AfterFunc(max(next.Sub(o.clock.Now()), 0), func() { o.tick(s) })
+}
+
+// tick runs the table's clock when its deadline comes.
+func (o *Owner) tick(s *shardState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.timer, s.timerAt = nil, time.Time{}
+	if s.tab == nil || o.ctx.Err() != nil {
+		return
+	}
+	if !o.lease.Valid() {
+		// Past the deadline nothing is decided; look again shortly.
+		s.timerAt = o.clock.Now().Add(10 * time.Millisecond)
+		s.timer = time.AfterFunc(10*time.Millisecond, func() { o.tick(s) })
+		return
+	}
+	s.tab.Tick(o.clock.Now())
+	o.flush(s)
+}
+
+func (s *shardState) stopTimer() {
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer, s.timerAt = nil, time.Time{}
+	}
+}
