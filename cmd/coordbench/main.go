@@ -39,6 +39,7 @@ type config struct {
 	quick            bool
 	peerOnly         bool
 	whatif           bool
+	core             string // the coordinatord child's -core
 	args             []string
 }
 
@@ -97,11 +98,15 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&c.profileDir, "profile-dir", "", "if set, CPU profiles of coordinatord and etcd during the first repetition of each uncontended cell (coordinatord and Mutex), contended and validate cell (coordinatord) are written here")
 	fs.BoolVar(&c.whatif, "whatif", false, "also run three what-if systems in the uncontended scenario: coordinatord's etcd recipe done directly by the client (today's; with a reused lease and delete-on-release; and that with group commit)")
 	fs.StringVar(&c.dataDir, "data-dir", "", "etcd data directory (default: a new temporary directory, removed at the end)")
+	fs.StringVar(&c.core, "core", "queue", "coordinatord's lock core: queue or shard (the shard-owner core; its replicas do not forward yet, so etcdbound, which runs two replicas, needs queue)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if c.core != "queue" && c.core != "shard" {
+		return c, fmt.Errorf("-core %q: must be queue or shard", c.core)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -197,7 +202,7 @@ func newBench(cfg config, role, dir string) (b *bench, stop func(), err error) {
 		return nil, nil, err
 	}
 	stops = append(stops, func() { stopLogged(role, etcd) })
-	coord, err := startChild(roleCoordinator, "-etcd", etcd.addr)
+	coord, err := startChild(roleCoordinator, "-etcd", etcd.addr, "-core", cfg.core)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -37,6 +37,7 @@ func runChild(role string, args []string) int {
 	fs := flag.NewFlagSet(role, flag.ContinueOnError)
 	dataDir := fs.String("data-dir", "", "etcd data directory")
 	etcdURL := fs.String("etcd", "", "etcd client URL")
+	core := fs.String("core", "queue", "coordinatord's lock core")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -76,6 +77,7 @@ func runChild(role string, args []string) int {
 			DefaultTTL:      15 * time.Second,
 			MaxTTL:          time.Hour, // the held-lock scenario holds locks for the whole run
 			ShutdownTimeout: 5 * time.Second,
+			Core:            *core,
 			Logger:          log,
 			OnListen:        func(a net.Addr) { fmt.Printf("READY %s %s\n", a, pprofLis.Addr()) },
 		})

@@ -29,6 +29,7 @@ import (
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
+	"github.com/coordinatord/coordinatord/internal/shard"
 )
 
 // Coordinator is one assembled coordinator. Its holder view runs from New
@@ -39,6 +40,7 @@ type Coordinator struct {
 	mgr *lease.Manager
 	val *fence.Validator
 	ep  *epoch.Keeper
+	own *shard.Owner // WithShardCore, else nil
 	cnt *counter.Service
 	gs  *grpc.Server
 	hs  *health.Server
@@ -58,6 +60,14 @@ type options struct {
 	server  []server.Option
 	log     *slog.Logger
 	epoch   time.Duration
+	shards  []shard.OwnerOption
+	sharded bool
+}
+
+// WithShardCore serves the lock calls from the shard-owner core
+// (internal/shard) instead of the queue core, with these options.
+func WithShardCore(opts ...shard.OwnerOption) Option {
+	return func(o *options) { o.sharded, o.shards = true, append(o.shards, opts...) }
 }
 
 // Option configures New.
@@ -124,7 +134,20 @@ func New(etcd clientv3.Config, opts ...Option) (*Coordinator, error) {
 	seen.keeper.Store(c.ep)
 	c.val = fence.New(cli, mgr.Keyspace(), append([]fence.Option{fence.WithEpochs(c.ep)}, o.fence...)...)
 	c.cnt = counter.New(cli, append([]counter.Option{counter.WithKeyPrefix(mgr.Keyspace().Prefix()), counter.WithLogger(o.log)}, o.counter...)...)
-	c.gs, c.hs = server.NewGRPCServer(server.NewLockService(mgr, c.val, c.cnt, o.log, server.WithEpochs(c.ep)), o.log, o.server...)
+	svcOpts := []server.ServiceOption{server.WithEpochs(c.ep)}
+	if o.sharded {
+		sctx, scancel := context.WithTimeout(context.Background(), firstCheckTimeout)
+		c.own, err = shard.NewOwner(sctx, cli, mgr.Keyspace().Prefix(), o.shards...)
+		scancel()
+		if err != nil {
+			mgr.Close()
+			c.cnt.Close()
+			cli.Close()
+			return nil, fmt.Errorf("shard-owner core: %w", err)
+		}
+		svcOpts = append(svcOpts, server.WithShardCore(c.own))
+	}
+	c.gs, c.hs = server.NewGRPCServer(server.NewLockService(mgr, c.val, c.cnt, o.log, svcOpts...), o.log, o.server...)
 	// The first check before anything is served: a restore found is fenced
 	// off now. If etcd does not answer, the keeper stays paused (every
 	// grant and validation UNAVAILABLE) until its loop's first success.
@@ -176,6 +199,16 @@ func (c *Coordinator) Fence() *fence.Validator { return c.val }
 // Epochs is the token epoch keeper.
 func (c *Coordinator) Epochs() *epoch.Keeper { return c.ep }
 
+// Shards is the shard-owner core, nil unless WithShardCore.
+func (c *Coordinator) Shards() *shard.Owner { return c.own }
+
+// closeShards hands the shard core's shards over (graceful), if it runs.
+func (c *Coordinator) closeShards(ctx context.Context) {
+	if c.own != nil {
+		c.own.Close(ctx)
+	}
+}
+
 // Counters is the counter service.
 func (c *Coordinator) Counters() *counter.Service { return c.cnt }
 
@@ -207,6 +240,7 @@ func (c *Coordinator) ServeInBackground(lis net.Listener) {
 // The holder view and the etcd client stay until Close.
 func (c *Coordinator) Drain(ctx context.Context) (cut bool) {
 	c.hs.Shutdown()
+	c.closeShards(ctx)
 	c.mgr.Close()
 	c.cnt.Close()
 	stopped := make(chan struct{})
@@ -228,6 +262,9 @@ func (c *Coordinator) Drain(ctx context.Context) (cut bool) {
 // three have anything to do. Close is idempotent.
 func (c *Coordinator) Close() {
 	c.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), firstCheckTimeout)
+		c.closeShards(ctx)
+		cancel()
 		c.mgr.Close()
 		c.cnt.Close()
 		c.gs.Stop()
@@ -245,6 +282,9 @@ func (c *Coordinator) Crash() {
 	c.closeOnce.Do(func() {
 		c.cli.Close()
 		c.gs.Stop()
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		c.closeShards(ctx) // etcd is gone: nothing is handed over, the keys end with the lease
+		cancel()
 		c.mgr.Close()
 		c.cnt.Close()
 		c.stopEpoch()

@@ -16,6 +16,7 @@ import (
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
+	"github.com/coordinatord/coordinatord/internal/shard"
 	"github.com/coordinatord/coordinatord/internal/tlsconf"
 )
 
@@ -41,12 +42,20 @@ func (d *Daemon) assemble(ctx context.Context) error {
 		// Enforced in the join's etcd transaction: exact across replicas.
 		lease.WithMaxWaitersPerLock(cfg.MaxWaitersPerLock), lease.WithMaxLocksPerIdentity(cfg.MaxLocksPerIdentity),
 		lease.WithMaxWait(cfg.MaxWait)}
-	d.coord, err = coordinator.New(etcdCfg,
+	coordOpts := []coordinator.Option{
 		coordinator.WithLogger(d.log),
 		coordinator.WithLease(leaseOpts...),
 		coordinator.WithFence(fence.WithMarkLimit(cfg.MaxMarksPerIdentity)),
 		coordinator.WithCounter(counterOptions(cfg)...),
-		coordinator.WithServer(srvOpts...))
+		coordinator.WithServer(srvOpts...)}
+	if cfg.Core == CoreShard {
+		shardOpts := []shard.OwnerOption{shard.WithOwnerLogger(d.log), shard.WithMaxWaitersPerLock(int(cfg.MaxWaitersPerLock))}
+		if cfg.ShardLeaseTTL > 0 {
+			shardOpts = append(shardOpts, shard.WithLeaseTTL(cfg.ShardLeaseTTL))
+		}
+		coordOpts = append(coordOpts, coordinator.WithShardCore(shardOpts...))
+	}
+	d.coord, err = coordinator.New(etcdCfg, coordOpts...)
 	if err != nil {
 		return err
 	}

@@ -94,16 +94,25 @@ type Config struct {
 	RateLimit            float64       // requests per second per caller (identity, else IP)
 	RateBurst            int           // burst of RateLimit
 	MaxWaitersPerLock    int64         // waiters per lock
-	MaxLocksPerIdentity  int64         // locks held or awaited per authenticated identity (needs AuthPolicy)
-	MaxWait              time.Duration // queue wait of an Acquire
-	MaxWatchStreams      int           // concurrent Watch streams per caller (identity, else IP)
-	MaxHoldStreams       int           // concurrent Hold streams per caller (identity, else IP)
-	MaxConnections       int           // open client connections on the gRPC listener
-	MaxConnectionIdle    time.Duration // a connection without calls this long is sent GOAWAY
-	MaxMarksPerIdentity  int64         // resource marks one identity may create (unauthenticated callers: one identity)
-	MarkRetention        time.Duration // a mark whose lock stayed free this long is deleted (see fence.SweepMarks)
-	CounterFailOpen      bool          // counter hits that name no policy are allowed, uncounted, while etcd is unavailable
-	CounterStoreTimeout  time.Duration // how long a counter hit waits for etcd before it counts as unavailable
+	// Core is the lock core: "queue" (the default: every queue kept in
+	// etcd) or "shard" (the shard-owner core, being built: locks decided in
+	// memory by one owner per shard, persisted by one guarded group commit;
+	// Hold, Watch, sessions, ForceRelease and validations with a resource
+	// are not served on it yet).
+	Core string
+	// ShardLeaseTTL is the member lease of the shard core: a crashed
+	// owner's shards serve again about this long after its last renewal.
+	ShardLeaseTTL       time.Duration
+	MaxLocksPerIdentity int64         // locks held or awaited per authenticated identity (needs AuthPolicy)
+	MaxWait             time.Duration // queue wait of an Acquire
+	MaxWatchStreams     int           // concurrent Watch streams per caller (identity, else IP)
+	MaxHoldStreams      int           // concurrent Hold streams per caller (identity, else IP)
+	MaxConnections      int           // open client connections on the gRPC listener
+	MaxConnectionIdle   time.Duration // a connection without calls this long is sent GOAWAY
+	MaxMarksPerIdentity int64         // resource marks one identity may create (unauthenticated callers: one identity)
+	MarkRetention       time.Duration // a mark whose lock stayed free this long is deleted (see fence.SweepMarks)
+	CounterFailOpen     bool          // counter hits that name no policy are allowed, uncounted, while etcd is unavailable
+	CounterStoreTimeout time.Duration // how long a counter hit waits for etcd before it counts as unavailable
 }
 
 // Defaults of the fields that WithDefaults fills (and of their flags).
@@ -168,6 +177,10 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("-etcd-quota-backend-bytes %d: must not be negative", cfg.EtcdQuotaBackendBytes)
 	case embedetcd.ValidateCompaction(mode, retention) != nil:
 		return fmt.Errorf("-etcd-auto-compaction-mode/-retention: %w", embedetcd.ValidateCompaction(mode, retention))
+	case cfg.Core != "" && cfg.Core != CoreQueue && cfg.Core != CoreShard:
+		return fmt.Errorf("-core %q: must be %q or %q", cfg.Core, CoreQueue, CoreShard)
+	case cfg.ShardLeaseTTL < 0 || (cfg.ShardLeaseTTL > 0 && cfg.ShardLeaseTTL < time.Second):
+		return fmt.Errorf("-shard-lease-ttl %v: must be at least 1s (etcd leases are whole seconds)", cfg.ShardLeaseTTL)
 	case cfg.MaxHold <= 0:
 		return fmt.Errorf("-max-hold %v: must be positive", cfg.MaxHold)
 	case cfg.MaxLockDelay < 0:
@@ -207,3 +220,9 @@ func (cfg Config) logger() *slog.Logger {
 	}
 	return cfg.Logger
 }
+
+// The lock cores of -core.
+const (
+	CoreQueue = "queue"
+	CoreShard = "shard"
+)

@@ -182,3 +182,32 @@ func (o acquireOptions) checkSession() error {
 	}
 	return nil
 }
+
+// Checked is an acquisition's parameters, resolved over the manager's
+// defaults and checked as Acquire checks them (a *FieldError naming the
+// field, nothing written): for the shard-owner core, which decides the
+// acquisition itself. TTL is rounded up to a whole second as Acquire
+// rounds it; Wait is negative when the caller waits until its deadline.
+type Checked struct {
+	TTL, Wait, MaxHold, LockDelay time.Duration
+	Owner, RequestID, Caller      string
+	Limit                         int32
+	Shared                        bool
+	SessionHandle                 string
+}
+
+// Check resolves and checks an acquisition's options without reading or
+// writing anything.
+func (m *Manager) Check(name string, opts ...AcquireOption) (Checked, error) {
+	o, err := m.acquireOptions(name, opts)
+	if err != nil {
+		return Checked{}, err
+	}
+	c := Checked{TTL: (o.ttl + time.Second - 1).Truncate(time.Second), Wait: -1, MaxHold: o.maxHold, LockDelay: o.lockDelay,
+		Owner: o.owner, RequestID: o.requestID, Caller: o.caller, Limit: o.limit, Shared: o.mode == ModeShared,
+		SessionHandle: o.sessionHandle}
+	if o.hasWait {
+		c.Wait = o.wait
+	}
+	return c, nil
+}

@@ -9,6 +9,9 @@ import (
 // ForceRelease implements coordinatorv1.LockServiceServer (admins only, see
 // AdminOnly).
 func (s *LockService) ForceRelease(ctx context.Context, req *coordinatorv1.ForceReleaseRequest) (*coordinatorv1.ForceReleaseResponse, error) {
+	if s.shards != nil {
+		return nil, s.fail(ctx, "ForceRelease", errNotOnShardCore("ForceRelease"))
+	}
 	rev, current, err := s.revisionOf(ctx, req.GetToken())
 	if err != nil {
 		return nil, s.fail(ctx, "ForceRelease", err)

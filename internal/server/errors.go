@@ -20,6 +20,7 @@ import (
 	"github.com/coordinatord/coordinatord/internal/epoch"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/shard"
 )
 
 // toStatus is the one place where domain errors become gRPC statuses
@@ -45,6 +46,8 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		sh *fence.SharedHolderError
 		am *counter.AlgorithmMismatchError
 		ec *epoch.ChangedError
+		ns *shard.NotServingError
+		nc *NotOnShardCoreError
 	)
 	switch {
 	case errors.As(err, &se):
@@ -107,6 +110,20 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		return withReason(codes.OutOfRange, err.Error(), "EPOCH_CHANGED", nil)
 	case errors.Is(err, epoch.ErrPaused):
 		return withReason(codes.Unavailable, err.Error(), "EPOCH_PAUSED", nil, retryAfter(retryEtcd))
+	case errors.As(err, &ns):
+		md := map[string]string{"shard": strconv.FormatUint(uint64(ns.Shard), 10)}
+		if ns.Owner != "" {
+			md["owner"], md["address"] = ns.Owner, ns.Addr
+		}
+		return withReason(codes.Unavailable, err.Error(), "SHARD_NOT_SERVED", md, retryAfter(retryShard))
+	case errors.Is(err, shard.ErrOwnershipLost):
+		return withReason(codes.Unavailable, err.Error(), "SHARD_NOT_SERVED", nil, retryAfter(retryShard))
+	case errors.Is(err, shard.ErrUnknownOutcome):
+		return withReason(codes.Unavailable, err.Error()+"; safe to retry with the same request id", "ETCD_UNAVAILABLE", nil, retryAfter(retryEtcd))
+	case errors.Is(err, shard.ErrClosed):
+		return withReason(codes.Unavailable, err.Error()+"; safe to retry", "SHUTTING_DOWN", nil, retryAfter(retryShutdown))
+	case errors.As(err, &nc):
+		return withReason(codes.Unimplemented, err.Error(), "NOT_ON_SHARD_CORE", map[string]string{"method": nc.Method})
 	case errors.Is(err, lease.ErrShuttingDown), errors.Is(err, counter.ErrShuttingDown):
 		return withReason(codes.Unavailable, err.Error()+"; safe to retry", "SHUTTING_DOWN", nil, retryAfter(retryShutdown))
 	case errors.Is(err, lease.ErrUnavailable):
@@ -137,6 +154,7 @@ const (
 	retryLocks     = 5 * time.Second        // the identity must release (or stop waiting for) a lock
 	retryMarks     = time.Minute            // only an admin deletes marks (DeleteMark)
 	retryStreams   = time.Second            // the caller must close one of its streams
+	retryShard     = 200 * time.Millisecond // a shard loads in one etcd read; a takeover after a crash takes the owner's lease TTL
 )
 
 // withReason is a status whose ErrorInfo carries a stable, machine-readable

@@ -22,6 +22,7 @@ import (
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/keyspace"
 	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/shard"
 )
 
 // errorCase is one row of the error contract: the status a domain error
@@ -108,6 +109,20 @@ func TestErrorContract(t *testing.T) {
 		{name: "epoch.ErrPaused", st: mapped(epoch.ErrPaused), code: codes.Unavailable, reason: "EPOCH_PAUSED", retry: retryEtcd},
 		{name: "epoch.PausedError", st: mapped(fmt.Errorf("validate: %w", &epoch.PausedError{Reason: "etcd was restored"})), code: codes.Unavailable,
 			reason: "EPOCH_PAUSED", retry: retryEtcd},
+
+		// shard: the shard-owner core.
+		{name: "shard.NotServingError", st: mapped(&shard.NotServingError{Shard: 7, Owner: "m2", Addr: "10.0.0.2:7070", Reason: "owned by another member"}),
+			code: codes.Unavailable, reason: "SHARD_NOT_SERVED", metadata: map[string]string{"shard": "7", "owner": "m2", "address": "10.0.0.2:7070"}, retry: retryShard},
+		{name: "shard.ErrNotServing", st: mapped(fmt.Errorf("acquire: %w", &shard.NotServingError{Shard: 3, Reason: "loading"})),
+			code: codes.Unavailable, reason: "SHARD_NOT_SERVED", metadata: map[string]string{"shard": "3"}, retry: retryShard},
+		{name: "shard.OwnershipLostError", st: mapped(&shard.OwnershipLostError{Shard: 2}), code: codes.Unavailable, reason: "SHARD_NOT_SERVED", retry: retryShard},
+		{name: "shard.ErrOwnershipLost", st: mapped(shard.ErrOwnershipLost), code: codes.Unavailable, reason: "SHARD_NOT_SERVED", retry: retryShard},
+		{name: "shard.UnknownOutcomeError", st: mapped(&shard.UnknownOutcomeError{Err: context.DeadlineExceeded}), code: codes.Unavailable,
+			reason: "ETCD_UNAVAILABLE", retry: retryEtcd},
+		{name: "shard.ErrUnknownOutcome", st: mapped(shard.ErrUnknownOutcome), code: codes.Unavailable, reason: "ETCD_UNAVAILABLE", retry: retryEtcd},
+		{name: "shard.ErrClosed", st: mapped(shard.ErrClosed), code: codes.Unavailable, reason: "SHUTTING_DOWN", retry: retryShutdown},
+		{name: "NotOnShardCoreError", st: mapped(errNotOnShardCore("Hold")), code: codes.Unimplemented, reason: "NOT_ON_SHARD_CORE",
+			metadata: map[string]string{"method": "Hold"}},
 
 		// lease and fence: semaphores and read-write locks.
 		{name: "lease.LimitMismatchError", st: mapped(fmt.Errorf("acquire: %w", &lease.LimitMismatchError{Name: "pool", InForce: 3, Asked: 2})),

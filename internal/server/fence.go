@@ -21,6 +21,13 @@ var reasons = map[fence.Reason]coordinatorv1.ValidateTokenResponse_Reason{
 // ValidateToken implements coordinatorv1.LockServiceServer: the fencing
 // check of a token against a resource's high-water mark.
 func (s *LockService) ValidateToken(ctx context.Context, req *coordinatorv1.ValidateTokenRequest) (*coordinatorv1.ValidateTokenResponse, error) {
+	if s.shards != nil {
+		resp, err := s.validateOnShards(ctx, req)
+		if err != nil {
+			return nil, s.fail(ctx, "ValidateToken", err)
+		}
+		return resp, nil
+	}
 	var opts []fence.ValidateOption
 	if id, ok := authz.FromContext(ctx); ok {
 		opts = append(opts, fence.AsIdentity(id)) // the cap on marks counts per identity

@@ -18,6 +18,9 @@ const releaseTimeout = 5 * time.Second
 // acquires or resumes a grant, which the stream then keeps (heartbeats
 // renew it) until it is released, lost or the stream ends.
 func (s *LockService) Hold(stream coordinatorv1.LockService_HoldServer) error {
+	if s.shards != nil {
+		return s.fail(stream.Context(), "Hold", errNotOnShardCore("Hold"))
+	}
 	ctx := stream.Context()
 	in := receive(ctx, stream)
 	h, err := s.grantHold(ctx, stream, in)

@@ -14,6 +14,13 @@ import (
 
 // Acquire implements coordinatorv1.LockServiceServer.
 func (s *LockService) Acquire(ctx context.Context, req *coordinatorv1.AcquireRequest) (*coordinatorv1.AcquireResponse, error) {
+	if s.shards != nil {
+		resp, err := s.acquireOnShards(ctx, req)
+		if err != nil {
+			return nil, s.fail(ctx, "Acquire", err)
+		}
+		return resp, nil
+	}
 	g, token, err := s.acquire(ctx, req)
 	if err != nil {
 		return nil, s.fail(ctx, "Acquire", err)
@@ -116,6 +123,13 @@ func modePB(shared bool) coordinatorv1.LockMode {
 
 // Release implements coordinatorv1.LockServiceServer.
 func (s *LockService) Release(ctx context.Context, req *coordinatorv1.ReleaseRequest) (*coordinatorv1.ReleaseResponse, error) {
+	if s.shards != nil {
+		resp, err := s.releaseOnShards(ctx, req)
+		if err != nil {
+			return nil, s.fail(ctx, "Release", err)
+		}
+		return resp, nil
+	}
 	rev, current, err := s.revisionOf(ctx, req.GetToken())
 	if err != nil {
 		return nil, s.fail(ctx, "Release", err)
@@ -135,6 +149,13 @@ func (s *LockService) Release(ctx context.Context, req *coordinatorv1.ReleaseReq
 
 // KeepAlive implements coordinatorv1.LockServiceServer.
 func (s *LockService) KeepAlive(ctx context.Context, req *coordinatorv1.KeepAliveRequest) (*coordinatorv1.KeepAliveResponse, error) {
+	if s.shards != nil {
+		resp, err := s.keepAliveOnShards(ctx, req)
+		if err != nil {
+			return nil, s.fail(ctx, "KeepAlive", err)
+		}
+		return resp, nil
+	}
 	rev, current, err := s.revisionOf(ctx, req.GetToken())
 	if err == nil && !current {
 		err = lease.ErrNotHeld
@@ -158,6 +179,13 @@ func renewalPB(r *lease.Renewal) *coordinatorv1.KeepAliveResponse {
 
 // Describe implements coordinatorv1.LockServiceServer.
 func (s *LockService) Describe(ctx context.Context, req *coordinatorv1.DescribeRequest) (*coordinatorv1.DescribeResponse, error) {
+	if s.shards != nil {
+		resp, err := s.describeOnShards(ctx, req)
+		if err != nil {
+			return nil, s.fail(ctx, "Describe", err)
+		}
+		return resp, nil
+	}
 	e, err := s.epoch(ctx)
 	if err != nil {
 		return nil, s.fail(ctx, "Describe", err)
@@ -179,6 +207,13 @@ func (s *LockService) Describe(ctx context.Context, req *coordinatorv1.DescribeR
 
 // List implements coordinatorv1.LockServiceServer.
 func (s *LockService) List(ctx context.Context, req *coordinatorv1.ListRequest) (*coordinatorv1.ListResponse, error) {
+	if s.shards != nil {
+		resp, err := s.listOnShards(ctx, req)
+		if err != nil {
+			return nil, s.fail(ctx, "List", err)
+		}
+		return resp, nil
+	}
 	e, err := s.epoch(ctx)
 	if err != nil {
 		return nil, s.fail(ctx, "List", err)

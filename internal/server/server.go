@@ -24,6 +24,7 @@ import (
 	"github.com/coordinatord/coordinatord/internal/counter"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/shard"
 )
 
 // LockService implements coordinatorv1.LockServiceServer.
@@ -33,7 +34,8 @@ type LockService struct {
 	fence    *fence.Validator
 	counters *counter.Service
 	log      *slog.Logger
-	epochs   Epochs // WithEpochs
+	epochs   Epochs       // WithEpochs
+	shards   *shard.Owner // WithShardCore: the lock calls on the shard-owner core
 }
 
 // NewLockService returns the handlers over the given domain services (c

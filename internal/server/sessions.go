@@ -12,6 +12,9 @@ import (
 
 // OpenSession implements coordinatorv1.LockServiceServer.
 func (s *LockService) OpenSession(ctx context.Context, req *coordinatorv1.OpenSessionRequest) (*coordinatorv1.OpenSessionResponse, error) {
+	if s.shards != nil {
+		return nil, s.fail(ctx, "OpenSession", errNotOnShardCore("OpenSession"))
+	}
 	ttl, err := sessionTTL(req)
 	if err != nil {
 		return nil, s.fail(ctx, "OpenSession", err)
@@ -40,6 +43,9 @@ func sessionTTL(req *coordinatorv1.OpenSessionRequest) (time.Duration, error) {
 
 // KeepAliveSession implements coordinatorv1.LockServiceServer.
 func (s *LockService) KeepAliveSession(ctx context.Context, req *coordinatorv1.KeepAliveSessionRequest) (*coordinatorv1.KeepAliveSessionResponse, error) {
+	if s.shards != nil {
+		return nil, s.fail(ctx, "KeepAliveSession", errNotOnShardCore("KeepAliveSession"))
+	}
 	e, err := s.epoch(ctx)
 	if err != nil {
 		return nil, s.fail(ctx, "KeepAliveSession", err)
@@ -54,6 +60,9 @@ func (s *LockService) KeepAliveSession(ctx context.Context, req *coordinatorv1.K
 
 // CloseSession implements coordinatorv1.LockServiceServer.
 func (s *LockService) CloseSession(ctx context.Context, req *coordinatorv1.CloseSessionRequest) (*coordinatorv1.CloseSessionResponse, error) {
+	if s.shards != nil {
+		return nil, s.fail(ctx, "CloseSession", errNotOnShardCore("CloseSession"))
+	}
 	e, err := s.epoch(ctx)
 	if err != nil {
 		return nil, s.fail(ctx, "CloseSession", err)

@@ -25,6 +25,9 @@ var watchKinds = map[lease.EventKind]coordinatorv1.WatchResponse_Kind{
 // start_revision of an earlier epoch, and a stream open when the epoch
 // changes, end with *epoch.ChangedError (OUT_OF_RANGE: start over).
 func (s *LockService) Watch(req *coordinatorv1.WatchRequest, stream coordinatorv1.LockService_WatchServer) error {
+	if s.shards != nil {
+		return s.fail(stream.Context(), "Watch", errNotOnShardCore("Watch"))
+	}
 	ctx := stream.Context()
 	e, err := s.epoch(ctx)
 	if err != nil {

@@ -167,6 +167,17 @@ const (
 	// Metadata "epoch" (the stream's) and "currentEpoch". Start over with
 	// start_revision 0 (the current state).
 	ErrorReason_ERROR_REASON_EPOCH_CHANGED ErrorReason = 81
+	// UNAVAILABLE: the replica that answered cannot answer for the name's
+	// shard now: another member owns it, its state is being loaded after a
+	// takeover, or the owner's lease deadline passed before etcd confirmed a
+	// renewal. Metadata "shard", and "owner" and "address" when another
+	// member is known to own it. Retry (with the same request_id) after the
+	// RetryInfo delay; a holder keeps its grant across a takeover.
+	ErrorReason_ERROR_REASON_SHARD_NOT_SERVED ErrorReason = 90
+	// UNIMPLEMENTED: the call (or this form of it) is not served by the
+	// shard-owner core yet, which the daemon runs with -core shard. Metadata
+	// "method". Use the queue core (-core queue, the default) for it.
+	ErrorReason_ERROR_REASON_NOT_ON_SHARD_CORE ErrorReason = 91
 )
 
 // Enum value maps for ErrorReason.
@@ -208,6 +219,8 @@ var (
 		61: "ERROR_REASON_SHARED_HOLDER_CANNOT_FENCE",
 		80: "ERROR_REASON_EPOCH_PAUSED",
 		81: "ERROR_REASON_EPOCH_CHANGED",
+		90: "ERROR_REASON_SHARD_NOT_SERVED",
+		91: "ERROR_REASON_NOT_ON_SHARD_CORE",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                 0,
@@ -246,6 +259,8 @@ var (
 		"ERROR_REASON_SHARED_HOLDER_CANNOT_FENCE":  61,
 		"ERROR_REASON_EPOCH_PAUSED":                80,
 		"ERROR_REASON_EPOCH_CHANGED":               81,
+		"ERROR_REASON_SHARD_NOT_SERVED":            90,
+		"ERROR_REASON_NOT_ON_SHARD_CORE":           91,
 	}
 )
 
@@ -280,7 +295,8 @@ var File_coordinator_v1_errors_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\xe1\t\n" +
+	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\xa8\n" +
+	"\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ERROR_REASON_LOCK_HELD\x10\x01\x12\x1e\n" +
@@ -318,7 +334,9 @@ const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"\x1bERROR_REASON_LIMIT_MISMATCH\x10<\x12+\n" +
 	"'ERROR_REASON_SHARED_HOLDER_CANNOT_FENCE\x10=\x12\x1d\n" +
 	"\x19ERROR_REASON_EPOCH_PAUSED\x10P\x12\x1e\n" +
-	"\x1aERROR_REASON_EPOCH_CHANGED\x10QBGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
+	"\x1aERROR_REASON_EPOCH_CHANGED\x10Q\x12!\n" +
+	"\x1dERROR_REASON_SHARD_NOT_SERVED\x10Z\x12\"\n" +
+	"\x1eERROR_REASON_NOT_ON_SHARD_CORE\x10[BGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
 
 var (
 	file_coordinator_v1_errors_proto_rawDescOnce sync.Once

@@ -1,0 +1,199 @@
+package server
+
+import (
+	"context"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/authz"
+	"github.com/coordinatord/coordinatord/internal/fence"
+	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/locktable"
+	"github.com/coordinatord/coordinatord/internal/shard"
+)
+
+// The handlers of the shard-owner core (-core shard), while it is built
+// beside the queue core: Acquire, Release, KeepAlive, ValidateToken
+// (without a resource), Describe and List are decided by the owner of the
+// name's shard in memory (internal/shard, internal/locktable). The calls
+// not ported yet answer UNIMPLEMENTED with the reason NOT_ON_SHARD_CORE
+// rather than reach the queue core, whose locks the shard core cannot see.
+
+// WithShardCore serves the lock calls from the shard-owner core.
+func WithShardCore(o *shard.Owner) ServiceOption { return func(s *LockService) { s.shards = o } }
+
+// errNotOnShardCore refuses a call the shard-owner core does not serve yet.
+func errNotOnShardCore(method string) error {
+	return &NotOnShardCoreError{Method: method}
+}
+
+// NotOnShardCoreError: the call is not served by the shard-owner core yet.
+type NotOnShardCoreError struct{ Method string }
+
+func (e *NotOnShardCoreError) Error() string {
+	return e.Method + " is not served by the shard-owner core yet (-core shard); run the daemon with -core queue (the default) to use it"
+}
+
+// acquireOnShards is Acquire on the shard-owner core.
+func (s *LockService) acquireOnShards(ctx context.Context, req *coordinatorv1.AcquireRequest) (*coordinatorv1.AcquireResponse, error) {
+	if req.GetSessionHandle() != "" {
+		return nil, errNotOnShardCore("Acquire with a session")
+	}
+	opts, err := acquireOptions(req)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, ownedOptions(ctx)...)
+	opts = append(opts, callerOptions(ctx)...)
+	c, err := s.leases.Check(req.GetName(), opts...)
+	if err != nil {
+		return nil, err
+	}
+	e, err := s.epoch(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a := locktable.Acquire{Name: req.GetName(), Caller: c.Caller, Owner: c.Owner, RequestID: c.RequestID,
+		TTL: c.TTL, Wait: c.Wait, MaxHold: c.MaxHold, LockDelay: c.LockDelay, Limit: c.Limit, Shared: c.Shared}
+	if a.Wait < 0 {
+		a.Wait = forever // until the caller's deadline, which cancels the call
+	}
+	g, err := s.shards.Acquire(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	return &coordinatorv1.AcquireResponse{
+		Token: wireToken(e, g.Token), Handle: g.Handle, Ttl: durationpb.New(g.TTL),
+		ExpiresAt: timestamp(g.ExpiresAt), SafeUntil: timestamp(g.ExpiresAt.Add(-lease.SafetyMargin(g.TTL))),
+		AcquiredAt: timestamp(g.AcquiredAt), Resumed: g.Resumed, Slot: g.Slot, Mode: modePB(g.Shared),
+	}, nil
+}
+
+// forever is the wait of an Acquire without one: its deadline ends it.
+const forever = 1 << 62
+
+// releaseOnShards is Release on the shard-owner core.
+func (s *LockService) releaseOnShards(ctx context.Context, req *coordinatorv1.ReleaseRequest) (*coordinatorv1.ReleaseResponse, error) {
+	rev, current, err := s.revisionOf(ctx, req.GetToken())
+	if err != nil || !current {
+		return &coordinatorv1.ReleaseResponse{}, err
+	}
+	ok, err := s.shards.Release(ctx, req.GetName(), rev, req.GetHandle(), callerOf(ctx))
+	if err != nil {
+		return nil, err
+	}
+	return &coordinatorv1.ReleaseResponse{Released: ok}, nil
+}
+
+// keepAliveOnShards is KeepAlive on the shard-owner core.
+func (s *LockService) keepAliveOnShards(ctx context.Context, req *coordinatorv1.KeepAliveRequest) (*coordinatorv1.KeepAliveResponse, error) {
+	rev, current, err := s.revisionOf(ctx, req.GetToken())
+	if err == nil && !current {
+		err = lease.ErrNotHeld
+	}
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.shards.KeepAlive(ctx, req.GetName(), rev, req.GetHandle(), callerOf(ctx))
+	if err != nil {
+		return nil, err
+	}
+	return &coordinatorv1.KeepAliveResponse{Ttl: durationpb.New(r.TTL), ExpiresAt: timestamp(r.ExpiresAt),
+		SafeUntil: timestamp(r.ExpiresAt.Add(-lease.SafetyMargin(r.TTL)))}, nil
+}
+
+// validateOnShards is ValidateToken on the shard-owner core: answered from
+// the owner's memory, no etcd request.
+func (s *LockService) validateOnShards(ctx context.Context, req *coordinatorv1.ValidateTokenRequest) (*coordinatorv1.ValidateTokenResponse, error) {
+	if req.GetResource() != "" {
+		return nil, errNotOnShardCore("ValidateToken with a resource")
+	}
+	if err := lease.ValidateName("name", req.GetName(), false); err != nil {
+		return nil, err
+	}
+	if req.GetToken() <= 0 {
+		return nil, &lease.FieldError{Field: "token", Reason: "must be a positive fencing token from Acquire"}
+	}
+	e, err := s.epoch(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rev, current, _ := s.revisionOf(ctx, req.GetToken())
+	v, err := s.shards.Validate(req.GetName(), rev)
+	if err != nil {
+		return nil, err
+	}
+	if !current { // a token of another epoch holds nothing now
+		v = locktable.Verdict{Reason: locktable.Superseded, CurrentToken: v.CurrentToken}
+		if v.CurrentToken == 0 {
+			v.Reason = locktable.NotHeldNow
+		}
+	}
+	return &coordinatorv1.ValidateTokenResponse{Valid: v.Valid, Reason: reasons[fenceReason(v.Reason)], CurrentToken: wireToken(e, v.CurrentToken)}, nil
+}
+
+func fenceReason(r locktable.Reason) fence.Reason {
+	switch r {
+	case locktable.Current:
+		return fence.Current
+	case locktable.Superseded:
+		return fence.Superseded
+	}
+	return fence.NotHeld
+}
+
+// describeOnShards is Describe on the shard-owner core.
+func (s *LockService) describeOnShards(ctx context.Context, req *coordinatorv1.DescribeRequest) (*coordinatorv1.DescribeResponse, error) {
+	if err := lease.ValidateName("name", req.GetName(), false); err != nil {
+		return nil, err
+	}
+	e, err := s.epoch(ctx)
+	if err != nil {
+		return nil, err
+	}
+	hs, ws, err := s.shards.Describe(req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	resp := &coordinatorv1.DescribeResponse{Holders: holdersOnShards(hs, e)}
+	if len(resp.Holders) > 0 {
+		resp.Holder = resp.Holders[0]
+	}
+	for _, w := range ws {
+		resp.Waiters = append(resp.Waiters, &coordinatorv1.Waiter{Owner: w.Owner, WaitingSince: timestamp(w.WaitingSince), Mode: modePB(w.Shared)})
+	}
+	return resp, nil
+}
+
+// listOnShards is List on the shard-owner core (one page: every holder).
+func (s *LockService) listOnShards(ctx context.Context, req *coordinatorv1.ListRequest) (*coordinatorv1.ListResponse, error) {
+	if req.GetPageToken() != "" {
+		return nil, &lease.FieldError{Field: "page_token", Reason: "the shard-owner core answers List in one page; send no page_token"}
+	}
+	e, err := s.epoch(ctx)
+	if err != nil {
+		return nil, err
+	}
+	hs, err := s.shards.List(req.GetPrefix())
+	if err != nil {
+		return nil, err
+	}
+	return &coordinatorv1.ListResponse{Holders: holdersOnShards(hs, e)}, nil
+}
+
+func holdersOnShards(hs []locktable.Holder, e int64) []*coordinatorv1.Holder {
+	var out []*coordinatorv1.Holder
+	for _, h := range hs {
+		out = append(out, holderPB(&lease.Holder{Name: h.Name, Token: h.Token, Owner: h.Owner, AcquiredAt: h.AcquiredAt,
+			ExpiresAt: h.ExpiresAt, Shared: h.Shared, Slot: h.Slot, Limit: h.Limit}, e))
+	}
+	return out
+}
+
+// callerOf is the authenticated identity of the call, "" without
+// authentication.
+func callerOf(ctx context.Context) string {
+	id, _ := authz.FromContext(ctx)
+	return id
+}
