@@ -133,3 +133,28 @@ func (t *Table) Tick(now time.Time) {
 
 // NextDeadline is when the table next needs a Tick (zero: nothing due).
 func (t *Table) NextDeadline() time.Time { return t.timers.next() }
+
+// ForceRelease ends the grant of name with this token whatever its handle
+// (an administrator's call): its delete joins the unit being built and the
+// call is answered Released when it commits. It ends the grant as an
+// expiry does, so the grant's lock-delay applies. A token that is no live
+// grant of name: Released false, at once.
+func (t *Table) ForceRelease(now time.Time, call CallID, name string, token int64) {
+	if t.dead {
+		t.reply(Reply{Call: call, Outcome: Unavailable})
+		return
+	}
+	lk := t.locks[name]
+	if lk == nil {
+		t.reply(Reply{Call: call, Outcome: Released})
+		return
+	}
+	for _, g := range lk.holders {
+		if g.state == live && g.token == token {
+			g.endCalls = append(g.endCalls, call)
+			t.end(now, g, true)
+			return
+		}
+	}
+	t.reply(Reply{Call: call, Outcome: Released})
+}

@@ -157,8 +157,10 @@ func (s *sim) randomStep() {
 		s.release(false)
 	case r < 54:
 		s.keepAlive()
-	case r < 58:
+	case r < 57:
 		s.cancel()
+	case r < 58:
+		s.forceRelease()
 	case r < 80:
 		s.commitOne()
 	case r < 95:
@@ -268,6 +270,16 @@ func (s *sim) spoil(c *simCall) {
 	default:
 		c.name = s.names[(slices.Index(s.names, c.name)+1)%len(s.names)]
 	}
+}
+
+// forceRelease ends a holder's grant by its token alone, as an admin does.
+func (s *sim) forceRelease() {
+	h, ok := s.pickHeld()
+	if !ok {
+		return
+	}
+	call := s.newCall(simCall{kind: "force", name: h.name, token: h.token, handle: h.handle})
+	s.tab.ForceRelease(s.now, call, h.name, h.token)
 }
 
 func (s *sim) cancel() {
@@ -392,6 +404,13 @@ func (s *sim) judgeReply(c simCall, r Reply) {
 		}
 		if r.Released && !c.genuine {
 			s.fatalf("a release with a wrong credential ended a grant: %+v", c)
+		}
+		if r.Released {
+			s.forgetHeld(c.handle)
+		}
+	case "force":
+		if r.Outcome != Released && r.Outcome != Unavailable {
+			s.fatalf("force release answered %v", r.Outcome)
 		}
 		if r.Released {
 			s.forgetHeld(c.handle)

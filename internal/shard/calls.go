@@ -190,3 +190,19 @@ func outcomeErr(name string, r locktable.Reply) error {
 	}
 	return fmt.Errorf("%w: unexpected outcome %d for %q", lease.ErrUnavailable, r.Outcome, name)
 }
+
+// ForceRelease ends the grant of name with this token whatever its handle
+// (an administrator's call), as an expiry would: its lock-delay applies.
+func (o *Owner) ForceRelease(ctx context.Context, name string, token int64) (bool, error) {
+	s := o.shards[o.ShardOf(name)]
+	r, err := o.call(ctx, s, func(now time.Time, c locktable.CallID) {
+		s.tab.ForceRelease(now, c, name, token)
+	})
+	if err != nil {
+		return false, err
+	}
+	if r.Outcome != locktable.Released {
+		return false, outcomeErr(name, r)
+	}
+	return r.Released, nil
+}
