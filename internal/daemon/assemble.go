@@ -60,6 +60,9 @@ func (d *Daemon) assemble(ctx context.Context) error {
 		return err
 	}
 	d.reg.MustRegister(epochCollector{status: d.coord.Epochs().Status})
+	if own := d.coord.Shards(); own != nil {
+		d.reg.MustRegister(shardCollector{status: own.Status})
+	}
 	if err := d.probeEtcd(ctx); err != nil {
 		return err
 	}

@@ -40,6 +40,7 @@ type Owner struct {
 	nextCall    atomic.Uint64
 	incarnation atomic.Uint64
 	closing     atomic.Bool
+	drops       atomic.Int64 // tables dropped (Status)
 	ctx         context.Context
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup // loads and timers in progress

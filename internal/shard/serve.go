@@ -43,6 +43,7 @@ func (o *Owner) drop(s *shardState) {
 	if s.tab != nil {
 		s.tab.Fail()
 		o.flush(s)
+		o.drops.Add(1)
 	}
 	s.tab = nil
 	s.gen++
