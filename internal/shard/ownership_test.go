@@ -9,6 +9,7 @@ package shard
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -448,7 +449,7 @@ func TestShardOfIsStable(t *testing.T) {
 // shard moves between the others), about its share of them.
 func TestMemberJoinMovesShardsOnlyToIt(t *testing.T) {
 	before := []string{"m1", "m2", "m3", "m4"}
-	after := append(before[:len(before):len(before)], "m5")
+	after := append(slices.Clone(before), "m5")
 	moved := 0
 	for s := uint32(0); s < 4096; s++ {
 		was, now := ownAssignee(s, before), ownAssignee(s, after)
