@@ -1,31 +1,51 @@
 package shard
 
 // The Committer persists the owner's decisions: units of etcd writes, each
-// for one shard, committed by one goroutine in guarded group commits.
+// for one shard, committed in guarded group commits, several Txns at once.
 //
-//   - Group commit: one Txn is in flight at a time. Units submitted while it
-//     is in flight wait; when it returns, the next Txn takes as many waiting
-//     units as fit, first come first. A lone unit is sent at once: no timer,
-//     so an idle owner pays one round trip and a busy one pays one Txn per
-//     round trip, whatever its rate.
+//   - Group commit, pipelined: up to maxInflight Txns (WithMaxInflight,
+//     default 4) are in flight at once, at most one per shard. One
+//     dispatching goroutine builds a Txn from the waiting units whenever
+//     fewer than maxInflight are in flight and some waiting unit's shard
+//     and keys are not in flight; a fixed pool of maxInflight senders
+//     commits them. Units that cannot go now wait; when a Txn returns, the
+//     next takes as many waiting units as fit, first come first. A lone
+//     unit is sent at once: no timer, so an idle owner pays one round trip
+//     and a busy one pays one Txn per round trip and slot, whatever its
+//     rate. With maxInflight 1 it is one Txn at a time, as before.
+//   - One Txn in flight per shard, and a Txn's Done callbacks all return
+//     before any later Txn with one of its shards is built. Txns in flight
+//     together may apply in any order, or in one etcd batch, and the fence
+//     does not order them (both pass the same compare). So per-shard
+//     exclusivity is what keeps a shard's units in submission order: a
+//     hand-off's delete of the old holder and put of the new may be in two
+//     consecutive units of one shard, on different keys; applied out of
+//     order etcd would hold two holders for a while, and a crash then would
+//     load both into the next table. And a unit decided after one whose
+//     commit has an unknown outcome was decided on a state etcd may not
+//     have: the runtime's Done marks the shard broken so that its Guard
+//     refuses it, and that works only because no later Txn of the shard
+//     was built, or sent, before that Done returned.
+//   - No key, and no conflict key, is in two Txns in flight at once (they
+//     might apply in any order) nor twice in one Txn: etcd rejects
+//     duplicate keys in a Txn, and two writes of one key in one revision
+//     can lose data after compaction and restart (etcd #22376, #16380). A
+//     lock's grant puts share a conflict key so that a name gets at most
+//     one new grant per revision.
 //   - Fenced by ownership: every shard in a Txn adds the compare
 //     CreateRevision(owner key) == the create revision its Guard gave. A
 //     deposed owner (its owner key deleted, or created again by another
 //     replica) writes nothing, because etcd checks the fence in the same
 //     revision as the writes. Its units fail with OwnershipLostError (safe
 //     to retry: nothing was applied); the units of the other shards of that
-//     Txn were not applied either and go first in the next one.
-//   - No two ops of one Txn write one key or share a conflict key: etcd
-//     rejects duplicate keys in a Txn, and two writes of one key in one
-//     revision can lose data after compaction and restart (etcd #22376,
-//     #16380). A lock's grant puts share a conflict key so that a name gets
-//     at most one new grant per revision.
+//     Txn were not applied either and go first in the next ones, in order.
 //   - At most maxTxnOps ops and maxTxnOps compares per Txn: etcd's
 //     --max-txn-ops, 128 by default, bounds each of them.
-//   - A shard's units commit in the order they were submitted: a unit that
-//     must wait for a later Txn holds back the later units of its shard
-//     (and of its keys), so a Txn never carries a unit ahead of one it
-//     follows. Units of other shards still fill the Txn.
+//   - A shard's units commit in the order they were submitted, and so do
+//     a key's: a unit that must wait (its shard or a key in flight, or a
+//     full Txn) holds back the later units of its shard and of its keys,
+//     so a Txn never carries a unit ahead of one it follows. Units of
+//     other shards still fill the Txn.
 //   - Outcomes are definite where etcd gave one: a unit's Done gets the
 //     revision of the Txn that applied it, OwnershipLostError, ErrClosed
 //     (never sent) or a validation error (never sent); only a failed etcd
@@ -59,18 +79,24 @@ type Op struct {
 type Unit struct {
 	Shard uint32
 	Ops   []Op
-	// Done is called exactly once, from the committer's goroutine (or
-	// inline in Submit after Close): rev is the revision of the Txn that
-	// carried the unit (the create revision of every key it put), or err.
-	// It must not call Close.
+	// Done is called exactly once, from one of the committer's goroutines
+	// (or inline in Submit after Close): rev is the revision of the Txn
+	// that carried the unit (the create revision of every key it put), or
+	// err. The Dones of a Txn's units all return before any later Txn with
+	// one of their shards is built (so a Done that makes the Guard refuse
+	// its shard stops the shard's later units), and the Dones of one shard
+	// never run concurrently; those of different shards may. It may call
+	// Submit; it must not call Close.
 	Done func(rev int64, err error)
 }
 
 // Guard returns the fence of a shard: its owner key and the create
 // revision that key must still have. ok=false: this replica does not own
-// the shard now. It is called from the committer's goroutine while it
-// builds a Txn, so it should not block. A createRev below 1 counts as
-// ok=false (a missing key's CreateRevision is 0: it would fence nothing).
+// the shard now. It is called from the committer's dispatching goroutine
+// while it builds a Txn, so it should not block: never for a shard in
+// flight, but possibly while Dones of other shards run. A createRev below
+// 1 counts as ok=false (a missing key's CreateRevision is 0: it would
+// fence nothing).
 type Guard func(shard uint32) (key string, createRev int64, ok bool)
 
 var (
@@ -117,8 +143,14 @@ func (e *UnknownOutcomeError) Is(target error) bool { return target == ErrUnknow
 type CommitStats struct{ Txns, Units, Ops int64 }
 
 type commitOptions struct {
-	maxTxnOps int
-	timeout   time.Duration
+	maxTxnOps   int
+	maxInflight int
+	timeout     time.Duration
+}
+
+// commitDefaults are the options before any CommitOption.
+func commitDefaults() commitOptions {
+	return commitOptions{maxTxnOps: 128, maxInflight: 4, timeout: 5 * time.Second}
 }
 
 // CommitOption configures a Committer.
@@ -129,6 +161,12 @@ type CommitOption func(*commitOptions)
 // means 1.
 func WithMaxTxnOps(n int) CommitOption {
 	return func(o *commitOptions) { o.maxTxnOps = max(n, 1) }
+}
+
+// WithMaxInflight bounds the Txns in flight at once (default 4), each of
+// other shards and keys. n < 1 means 1: one Txn at a time.
+func WithMaxInflight(n int) CommitOption {
+	return func(o *commitOptions) { o.maxInflight = max(n, 1) }
 }
 
 // WithCommitTimeout bounds each Txn (default 5s); d <= 0 keeps the default.
@@ -150,19 +188,29 @@ type Committer struct {
 	kv     clientv3.KV
 	guard  Guard
 	opt    commitOptions
-	ctx    context.Context // parent of every Txn's; canceled by Close once the goroutine is gone
+	ctx    context.Context // parent of every Txn's; canceled by Close once the goroutines are gone
 	cancel context.CancelFunc
-	wake   chan struct{} // capacity 1: the goroutine has work
+	wake   chan struct{} // capacity 1: the dispatcher has work
 	exited chan struct{}
 
 	mu     sync.Mutex
-	queue  []commitPending // submitted, not yet taken by the goroutine
+	queue  []commitPending // submitted, not yet taken by the dispatcher
 	seq    uint64
 	closed bool
 
 	txns, units, ops atomic.Int64
 
-	b commitBatch // the goroutine's own
+	sendq   chan *commitBatch // built Txns, to the senders (capacity maxInflight)
+	doneq   chan *commitBatch // answered Txns, back to the dispatcher (capacity maxInflight)
+	senders sync.WaitGroup
+
+	// The dispatcher's own.
+	waiting   []commitPending // taken from the queue, not yet sent, in order
+	free      []*commitBatch  // batches not in flight
+	inflight  int
+	busy      map[uint32]struct{} // shards of the Txns in flight
+	busyKeys  map[string]struct{} // keys of the Txns in flight
+	busyConfl map[string]struct{} // conflict keys of the Txns in flight
 }
 
 // commitPending is a unit and its submission number.
@@ -173,13 +221,19 @@ type commitPending struct {
 
 // NewCommitter starts a Committer writing through kv, fenced by guard.
 func NewCommitter(kv clientv3.KV, guard Guard, opts ...CommitOption) *Committer {
-	o := commitOptions{maxTxnOps: 128, timeout: 5 * time.Second}
+	o := commitDefaults()
 	for _, opt := range opts {
 		opt(&o)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &Committer{kv: kv, guard: guard, opt: o, ctx: ctx, cancel: cancel,
-		wake: make(chan struct{}, 1), exited: make(chan struct{}), b: newCommitBatch()}
+		wake: make(chan struct{}, 1), exited: make(chan struct{}),
+		sendq: make(chan *commitBatch, o.maxInflight), doneq: make(chan *commitBatch, o.maxInflight),
+		busy: map[uint32]struct{}{}, busyKeys: map[string]struct{}{}, busyConfl: map[string]struct{}{}}
+	for range o.maxInflight {
+		c.free = append(c.free, newCommitBatch())
+		c.senders.Go(c.sender)
+	}
 	go c.run()
 	return c
 }
@@ -196,24 +250,26 @@ func (c *Committer) Submit(u Unit) {
 	c.seq++
 	c.queue = append(c.queue, commitPending{u: u, seq: c.seq})
 	c.mu.Unlock()
+	c.poke()
+}
+
+// poke wakes the dispatcher.
+func (c *Committer) poke() {
 	select {
 	case c.wake <- struct{}{}:
 	default:
 	}
 }
 
-// Close fails every unit not yet sent with ErrClosed, waits for the Txn in
-// flight (its units get its outcome: it is not aborted, so Close may take
-// up to the commit timeout) and for the goroutine. Closing twice is
-// harmless. It must not be called from a Done.
+// Close fails every unit not yet sent with ErrClosed, waits for the Txns
+// in flight (their units get their outcomes: they are not aborted, so
+// Close may take up to the commit timeout) and for the goroutines.
+// Closing twice is harmless. It must not be called from a Done.
 func (c *Committer) Close() {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	c.poke()
 	<-c.exited
 	c.cancel()
 }
@@ -230,67 +286,134 @@ func (c *Committer) Stats() CommitStats {
 	return CommitStats{Txns: c.txns.Load(), Units: c.units.Load(), Ops: c.ops.Load()}
 }
 
-// run commits rounds until Close.
+// run is the dispatcher: it builds Txns and hands them to the senders,
+// and takes them back answered, until Close and the last Txn in flight.
 func (c *Committer) run() {
-	defer close(c.exited)
-	var waiting []commitPending // taken from the queue, not yet sent, in order
+	defer func() {
+		close(c.sendq)
+		c.senders.Wait()
+		close(c.exited)
+	}()
 	for {
-		var open bool
-		waiting, open = c.take(waiting)
-		if !open {
-			for _, p := range waiting {
-				commitFinish(p.u, 0, ErrClosed)
+		c.reap()
+		if !c.take() { // closed: nothing more is sent
+			if c.inflight == 0 {
+				for _, p := range c.waiting {
+					commitFinish(p.u, 0, ErrClosed)
+				}
+				clear(c.waiting)
+				c.waiting = nil
+				return
 			}
+			c.complete(<-c.doneq)
+			continue
+		}
+		if c.inflight < c.opt.maxInflight && len(c.waiting) > 0 && c.dispatch() {
+			continue // something changed: look again
+		}
+		select {
+		case <-c.wake:
+		case b := <-c.doneq:
+			c.complete(b)
+		}
+	}
+}
+
+// reap takes back the Txns answered so far, without waiting.
+func (c *Committer) reap() {
+	for {
+		select {
+		case b := <-c.doneq:
+			c.complete(b)
+		default:
 			return
 		}
-		waiting = c.round(waiting)
 	}
 }
 
-// take appends the queue to waiting, waiting for a unit if there is none;
-// open is false once Close was called.
-func (c *Committer) take(waiting []commitPending) (_ []commitPending, open bool) {
-	for {
-		c.mu.Lock()
-		if len(waiting) == 0 {
-			waiting, c.queue = c.queue, waiting[:0]
-		} else {
-			waiting = append(waiting, c.queue...)
-			clear(c.queue)
-			c.queue = c.queue[:0]
-		}
-		closed := c.closed
-		c.mu.Unlock()
-		if closed || len(waiting) > 0 {
-			return waiting, !closed
-		}
-		<-c.wake
+// take appends the queue to the waiting units; it is false once Close was
+// called (after which the queue stays empty: Submit answers at once).
+func (c *Committer) take() (open bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.waiting) == 0 {
+		c.waiting, c.queue = c.queue, c.waiting[:0]
+	} else {
+		c.waiting = append(c.waiting, c.queue...)
+		clear(c.queue)
+		c.queue = c.queue[:0]
 	}
+	return !c.closed
 }
 
-// round sends one Txn of waiting units (after failing those that cannot be
-// sent) and answers it; it returns the units still waiting.
-func (c *Committer) round(waiting []commitPending) []commitPending {
-	b := &c.b
+// dispatch builds one Txn of waiting units (after failing those that
+// cannot be sent) and hands it to a sender. It reports whether anything
+// changed: a Txn sent, or a unit answered.
+func (c *Committer) dispatch() (changed bool) {
+	b := c.free[len(c.free)-1]
 	b.reset()
-	waiting = c.fill(b, waiting)
+	before := len(c.waiting)
+	c.waiting = c.fill(b, c.waiting)
 	if len(b.units) == 0 {
-		return waiting
+		return len(c.waiting) != before
 	}
 	if c.isClosed() { // while the Txn was being built: not sent
 		c.failAll(b, ErrClosed)
-		return waiting
+		b.reset()
+		return true
 	}
-	resp, err := c.send(b)
-	switch {
-	case err != nil:
-		c.failAll(b, &UnknownOutcomeError{Err: err})
-	case resp.Succeeded:
-		c.succeed(b, resp.Header.Revision)
-	default:
-		waiting = commitMerge(c.fenceFailed(b, resp), waiting)
+	c.free = c.free[:len(c.free)-1]
+	for _, f := range b.fences {
+		c.busy[f.shard] = struct{}{}
 	}
-	return waiting
+	for _, p := range b.units {
+		for i := range p.u.Ops {
+			c.busyKeys[p.u.Ops[i].Key] = struct{}{}
+			if k := p.u.Ops[i].Conflict; k != "" {
+				c.busyConfl[k] = struct{}{}
+			}
+		}
+	}
+	c.inflight++
+	c.sendq <- b // never blocks: at most maxInflight are out
+	return true
+}
+
+// complete takes back an answered Txn: its shards and keys are free
+// again, and the units it sent back (a fence failed) wait first.
+func (c *Committer) complete(b *commitBatch) {
+	c.inflight--
+	for _, f := range b.fences {
+		delete(c.busy, f.shard)
+	}
+	for _, p := range b.units {
+		for i := range p.u.Ops {
+			delete(c.busyKeys, p.u.Ops[i].Key)
+			if k := p.u.Ops[i].Conflict; k != "" {
+				delete(c.busyConfl, k)
+			}
+		}
+	}
+	c.waiting = commitMerge(b.again, c.waiting)
+	b.reset()
+	c.free = append(c.free, b)
+}
+
+// sender commits the Txns the dispatcher hands it and answers their
+// units, Dones included, before handing them back.
+func (c *Committer) sender() {
+	for b := range c.sendq {
+		resp, err := c.send(b)
+		switch {
+		case err != nil:
+			c.failAll(b, &UnknownOutcomeError{Err: err})
+		case resp.Succeeded:
+			c.succeed(b, resp.Header.Revision)
+		default:
+			c.fenceFailed(b, resp)
+		}
+		c.doneq <- b // never blocks: it has room for every Txn out
+	}
 }
 
 // fill puts into b as many of the first waiting units as fit, fails those
@@ -301,7 +424,7 @@ func (c *Committer) fill(b *commitBatch, waiting []commitPending) []commitPendin
 	for ; scanned < n && b.nops < c.opt.maxTxnOps; scanned++ {
 		p := waiting[scanned]
 		switch err := c.place(b, p.u); {
-		case err == errCommitDefer:
+		case errors.Is(err, errCommitDefer):
 			b.held = append(b.held, p)
 		case err != nil:
 			commitFinish(p.u, 0, err)
@@ -332,10 +455,15 @@ func (c *Committer) place(b *commitBatch, u Unit) error {
 		b.reserve(u)
 		return errCommitDefer
 	}
+	if _, busy := c.busy[u.Shard]; busy && !seen { // a Txn of the shard is in flight
+		b.shards[u.Shard] = commitShard{fence: -1, held: true}
+		b.reserve(u)
+		return errCommitDefer
+	}
 	if err := c.validate(u); err != nil {
 		return err
 	}
-	if (!seen && len(b.fences) == c.opt.maxTxnOps) || b.nops+len(u.Ops) > c.opt.maxTxnOps || b.clashes(u) {
+	if (!seen && len(b.fences) == c.opt.maxTxnOps) || b.nops+len(u.Ops) > c.opt.maxTxnOps || b.clashes(u) || c.clashesInFlight(u) {
 		if !seen {
 			st.fence = -1
 		}
@@ -448,8 +576,8 @@ func (c *Committer) failAll(b *commitBatch, err error) {
 }
 
 // fenceFailed answers the units of b's shards whose fence failed and
-// returns the others, which were not applied either, in order.
-func (c *Committer) fenceFailed(b *commitBatch, resp *clientv3.TxnResponse) []commitPending {
+// leaves the others, which were not applied either, in b.again, in order.
+func (c *Committer) fenceFailed(b *commitBatch, resp *clientv3.TxnResponse) {
 	lost := commitLostShards(b, resp)
 	again := b.again[:0]
 	for _, p := range b.units {
@@ -460,7 +588,6 @@ func (c *Committer) fenceFailed(b *commitBatch, resp *clientv3.TxnResponse) []co
 		}
 	}
 	b.again = again
-	return again
 }
 
 // commitLostShards marks, by fence index, the fences the Else branch shows
@@ -518,7 +645,7 @@ func commitFinish(u Unit, rev int64, err error) {
 // (its units are in the Txn), held, lost, or both fenced and held.
 type commitShard struct {
 	fence int  // index in fences if a unit is in the Txn, else -1
-	held  bool // a unit waits for a later Txn: so do the shard's later units
+	held  bool // a unit waits for a later Txn (or the shard is in flight): so do the shard's later units
 	lost  bool // the Guard says not ours
 }
 
@@ -529,8 +656,9 @@ type commitFence struct {
 	rev   int64
 }
 
-// commitBatch is one Txn being built, and the goroutine's scratch: reset
-// and reused by each round.
+// commitBatch is one Txn: built by the dispatcher (with the scratch of
+// that round), then committed and answered by a sender, then taken back,
+// reset and reused.
 type commitBatch struct {
 	units     []commitPending
 	held      []commitPending
@@ -545,8 +673,8 @@ type commitBatch struct {
 	then, els []clientv3.Op
 }
 
-func newCommitBatch() commitBatch {
-	return commitBatch{shards: map[uint32]commitShard{}, keys: map[string]struct{}{}, conflicts: map[string]struct{}{}}
+func newCommitBatch() *commitBatch {
+	return &commitBatch{shards: map[uint32]commitShard{}, keys: map[string]struct{}{}, conflicts: map[string]struct{}{}}
 }
 
 // reset empties b for a new round, dropping its references to units.
@@ -574,6 +702,22 @@ func (b *commitBatch) clashes(u Unit) bool {
 		}
 		if c := u.Ops[i].Conflict; c != "" {
 			if _, ok := b.conflicts[c]; ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// clashesInFlight reports whether an op of u writes a key, or has a
+// conflict key, of a Txn in flight.
+func (c *Committer) clashesInFlight(u Unit) bool {
+	for i := range u.Ops {
+		if _, ok := c.busyKeys[u.Ops[i].Key]; ok {
+			return true
+		}
+		if k := u.Ops[i].Conflict; k != "" {
+			if _, ok := c.busyConfl[k]; ok {
 				return true
 			}
 		}
