@@ -41,6 +41,7 @@ type Coordinator struct {
 	val *fence.Validator
 	ep  *epoch.Keeper
 	own *shard.Owner // WithShardCore, else nil
+	svc *server.LockService
 	cnt *counter.Service
 	gs  *grpc.Server
 	hs  *health.Server
@@ -147,7 +148,8 @@ func New(etcd clientv3.Config, opts ...Option) (*Coordinator, error) {
 		}
 		svcOpts = append(svcOpts, server.WithShardCore(c.own))
 	}
-	c.gs, c.hs = server.NewGRPCServer(server.NewLockService(mgr, c.val, c.cnt, o.log, svcOpts...), o.log, o.server...)
+	c.svc = server.NewLockService(mgr, c.val, c.cnt, o.log, svcOpts...)
+	c.gs, c.hs = server.NewGRPCServer(c.svc, o.log, o.server...)
 	// The first check before anything is served: a restore found is fenced
 	// off now. If etcd does not answer, the keeper stays paused (every
 	// grant and validation UNAVAILABLE) until its loop's first success.
@@ -255,11 +257,12 @@ func (c *Coordinator) Drain(ctx context.Context) (cut bool) {
 	}
 }
 
-// Close stops what is left, at once, in this order: the lease manager
-// (waiting Acquires end, their queue keys removed), the counters, gRPC
-// (in-flight calls cut), the epoch keeper's loop, the holder view, then the
-// etcd client, which everything before needed. After Drain only the last
-// three have anything to do. Close is idempotent.
+// Close stops what is left, at once, in this order: the shard core's
+// shards (handed over), the lease manager (waiting Acquires end, their
+// queue keys removed), the counters, gRPC (in-flight calls cut), the
+// connections to peers (forwarding), the epoch keeper's loop, the holder
+// view, then the etcd client, which everything before needed. After Drain
+// only the last four have anything to do. Close is idempotent.
 func (c *Coordinator) Close() {
 	c.closeOnce.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), firstCheckTimeout)
@@ -268,6 +271,7 @@ func (c *Coordinator) Close() {
 		c.mgr.Close()
 		c.cnt.Close()
 		c.gs.Stop()
+		_ = c.svc.Close() // the connections to peers, once no call forwards
 		c.stopEpoch()
 		c.stopView()
 		c.cli.Close()
@@ -282,6 +286,7 @@ func (c *Coordinator) Crash() {
 	c.closeOnce.Do(func() {
 		c.cli.Close()
 		c.gs.Stop()
+		_ = c.svc.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		c.closeShards(ctx) // etcd is gone: nothing is handed over, the keys end with the lease
 		cancel()

@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
+	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,11 +51,7 @@ func (d *Daemon) assemble(ctx context.Context) error {
 		coordinator.WithCounter(counterOptions(cfg)...),
 		coordinator.WithServer(srvOpts...)}
 	if cfg.Core == CoreShard {
-		shardOpts := []shard.OwnerOption{shard.WithOwnerLogger(d.log), shard.WithMaxWaitersPerLock(int(cfg.MaxWaitersPerLock))}
-		if cfg.ShardLeaseTTL > 0 {
-			shardOpts = append(shardOpts, shard.WithLeaseTTL(cfg.ShardLeaseTTL))
-		}
-		coordOpts = append(coordOpts, coordinator.WithShardCore(shardOpts...))
+		coordOpts = append(coordOpts, coordinator.WithShardCore(d.shardOptions()...))
 	}
 	d.coord, err = coordinator.New(etcdCfg, coordOpts...)
 	if err != nil {
@@ -71,9 +69,34 @@ func (d *Daemon) assemble(ctx context.Context) error {
 	return nil
 }
 
+// shardOptions are the shard core's options from cfg: the member (its id
+// random, its address -advertise, else the gRPC listener's) or a relay.
+func (d *Daemon) shardOptions() []shard.OwnerOption {
+	cfg := d.cfg
+	opts := []shard.OwnerOption{shard.WithOwnerLogger(d.log), shard.WithMaxWaitersPerLock(int(cfg.MaxWaitersPerLock)), shard.WithMarkLimit(cfg.MaxMarksPerIdentity)}
+	if cfg.ShardLeaseTTL > 0 {
+		opts = append(opts, shard.WithLeaseTTL(cfg.ShardLeaseTTL))
+	}
+	advertise := cfg.Advertise
+	if advertise == "" {
+		advertise = d.lis.Addr().String()
+		if ap, err := netip.ParseAddrPort(advertise); err == nil && cfg.Role != RoleRelay && ap.Addr().IsUnspecified() {
+			d.log.Warn("the shard core's member advertises a wildcard address, which its peers cannot reach; set -advertise (the pod IP in Kubernetes)",
+				"advertise", advertise)
+		}
+	}
+	opts = append(opts, shard.WithMember("", advertise))
+	if cfg.Role == RoleRelay {
+		opts = append(opts, shard.AsRelay())
+	}
+	d.log.Info("shard core", "role", cmp.Or(cfg.Role, RoleMember), "advertise", advertise)
+	return opts
+}
+
 // grpcOptions are the gRPC server's options from cfg: metrics, TLS,
-// authorization (loading the policy into d.store), rate and stream caps, the
-// wait limit, and gRPC's own message, stream, keepalive and idle limits.
+// authorization (loading the policy into d.store), the shard core's
+// forwarding, rate and stream caps, the wait limit, and gRPC's own
+// message, stream, keepalive and idle limits.
 func (d *Daemon) grpcOptions() ([]server.Option, error) {
 	cfg, log := d.cfg, d.log
 	opts := []server.Option{d.metrics.Option()}
@@ -87,6 +110,16 @@ func (d *Daemon) grpcOptions() ([]server.Option, error) {
 		}
 		opts = append(opts, server.WithServerOptions(grpc.Creds(credentials.NewTLS(ts.Config()))))
 		log.Info("gRPC over TLS", "mutual_tls", ts.MutualTLS())
+		if cfg.Core == CoreShard {
+			// Peers serve the same TLS: their certificates are checked
+			// against -tls-client-ca (else the system roots), and this
+			// replica's certificate is its client certificate.
+			peerTLS, err := tlsconf.Client(cfg.TLSClientCA, cfg.TLSCert, cfg.TLSKey)
+			if err != nil {
+				return nil, err
+			}
+			opts = append(opts, server.WithPeerDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(peerTLS))))
+		}
 	} else if !loopback(cfg.Listen) {
 		log.Warn("PLAINTEXT gRPC on a non-loopback address: anyone on the network can read handles and take locks; "+
 			"use --tls-cert/--tls-key (and --tls-client-ca for mutual TLS), or listen on 127.0.0.1 for a sidecar",
@@ -107,6 +140,17 @@ func (d *Daemon) grpcOptions() ([]server.Option, error) {
 		log.Info("authorization on", "policy", cfg.AuthPolicy, "tokens", cfg.AuthTokens)
 	} else {
 		log.Warn("NO AUTHORIZATION: every client may use every lock; set --auth-policy for a shared service")
+	}
+	secret, err := cfg.memberSecret()
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case secret != nil:
+		opts = append(opts, server.WithMemberSecret(secret))
+	case cfg.Core == CoreShard && cfg.AuthPolicy != "":
+		log.Warn("no -member-secret-file: calls of authenticated clients on shards owned by other members are not forwarded " +
+			"(they answer SHARD_NOT_SERVED); give every replica the same -member-secret-file")
 	}
 	if cfg.RateLimit > 0 {
 		u, st := server.RateLimit(cfg.RateLimit, max(cfg.RateBurst, 1))

@@ -1,14 +1,17 @@
 package daemon
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"time"
 
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
 	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/server"
 )
 
 // Config is everything a Daemon needs. The zero value of a field means what
@@ -97,12 +100,27 @@ type Config struct {
 	// Core is the lock core: "queue" (the default: every queue kept in
 	// etcd) or "shard" (the shard-owner core, being built: locks decided in
 	// memory by one owner per shard, persisted by one guarded group commit;
-	// Hold, Watch, sessions, ForceRelease and validations with a resource
-	// are not served on it yet).
+	// Watch, sessions, the per-identity lock limit and the marks' admin
+	// calls are not served on it yet).
 	Core string
 	// ShardLeaseTTL is the member lease of the shard core: a crashed
 	// owner's shards serve again about this long after its last renewal.
-	ShardLeaseTTL       time.Duration
+	ShardLeaseTTL time.Duration
+	// Role is the replica's part in the shard core: "member" (the default:
+	// it owns shards and forwards the calls on the others' shards) or
+	// "relay" (it owns nothing and forwards every call, as a sidecar).
+	Role string
+	// Advertise is the host:port the other replicas of the shard core
+	// forward this member's shards' calls to; empty: the gRPC listener's
+	// address as bound (set it to the pod IP in Kubernetes: a wildcard or
+	// loopback listener is not reachable by the peers).
+	Advertise string
+	// MemberSecretFile holds the secret the replicas of the shard core
+	// share (whitespace around it ignored; printable ASCII, at least 16
+	// bytes): a replica forwards its caller's identity with it, and accepts
+	// a forwarded identity only with it. Needed with AuthPolicy and more
+	// than one replica.
+	MemberSecretFile    string
 	MaxLocksPerIdentity int64         // locks held or awaited per authenticated identity (needs AuthPolicy)
 	MaxWait             time.Duration // queue wait of an Acquire
 	MaxWatchStreams     int           // concurrent Watch streams per caller (identity, else IP)
@@ -181,6 +199,18 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("-core %q: must be %q or %q", cfg.Core, CoreQueue, CoreShard)
 	case cfg.ShardLeaseTTL < 0 || (cfg.ShardLeaseTTL > 0 && cfg.ShardLeaseTTL < time.Second):
 		return fmt.Errorf("-shard-lease-ttl %v: must be at least 1s (etcd leases are whole seconds)", cfg.ShardLeaseTTL)
+	case cfg.Role != "" && cfg.Role != RoleMember && cfg.Role != RoleRelay:
+		return fmt.Errorf("-role %q: must be %q or %q", cfg.Role, RoleMember, RoleRelay)
+	case cfg.Role == RoleRelay && cfg.Core != CoreShard:
+		return fmt.Errorf("-role relay needs -core shard: a relay forwards calls to the owners of the shard core's shards; the queue core has none")
+	case cfg.Advertise != "" && cfg.Core != CoreShard:
+		return errors.New("-advertise needs -core shard: only the shard core forwards calls between replicas")
+	case cfg.Advertise != "" && validHostPort(cfg.Advertise) != nil:
+		return fmt.Errorf("-advertise %q: %w", cfg.Advertise, validHostPort(cfg.Advertise))
+	case cfg.MemberSecretFile != "" && cfg.Core != CoreShard:
+		return errors.New("-member-secret-file needs -core shard: only the shard core forwards calls between replicas")
+	case cfg.Role == RoleRelay && cfg.AuthPolicy != "" && cfg.MemberSecretFile == "":
+		return errors.New("-role relay with -auth-policy needs -member-secret-file: a relay forwards every call, and the members accept its callers' identities only with the member secret")
 	case cfg.MaxHold <= 0:
 		return fmt.Errorf("-max-hold %v: must be positive", cfg.MaxHold)
 	case cfg.MaxLockDelay < 0:
@@ -189,6 +219,45 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("-shutdown-timeout %v: must be positive", cfg.ShutdownTimeout)
 	case cfg.CounterStoreTimeout < 0:
 		return fmt.Errorf("-counter-store-timeout %v: must not be negative (0: the default, %v)", cfg.CounterStoreTimeout, DefaultCounterStoreTimeout)
+	}
+	if _, err := cfg.memberSecret(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// memberSecret is the secret of MemberSecretFile, nil without one. A
+// secret that is empty, shorter than server.MinMemberSecret bytes or not
+// printable ASCII (it travels as gRPC metadata) is refused.
+func (cfg Config) memberSecret() ([]byte, error) {
+	if cfg.MemberSecretFile == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(cfg.MemberSecretFile)
+	if err != nil {
+		return nil, fmt.Errorf("-member-secret-file: %w", err)
+	}
+	secret := bytes.TrimSpace(b)
+	switch {
+	case len(secret) == 0:
+		return nil, fmt.Errorf("-member-secret-file %s: the file is empty; write a random secret of at least %d bytes into it (e.g. openssl rand -hex 32)", cfg.MemberSecretFile, server.MinMemberSecret)
+	case len(secret) < server.MinMemberSecret:
+		return nil, fmt.Errorf("-member-secret-file %s: the secret is %d bytes long, shorter than %d; write a random secret of at least %d bytes into it (e.g. openssl rand -hex 32)",
+			cfg.MemberSecretFile, len(secret), server.MinMemberSecret, server.MinMemberSecret)
+	case bytes.ContainsFunc(secret, func(r rune) bool { return r < 0x21 || r > 0x7e }):
+		return nil, fmt.Errorf("-member-secret-file %s: the secret must be printable ASCII without spaces (it travels as gRPC metadata), e.g. openssl rand -hex 32", cfg.MemberSecretFile)
+	}
+	return secret, nil
+}
+
+// validHostPort checks an address peers can dial: host:port, both set.
+func validHostPort(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	switch {
+	case err != nil:
+		return fmt.Errorf("want host:port: %w", err)
+	case host == "" || port == "":
+		return errors.New("want host:port with both set, e.g. 10.0.3.7:7070")
 	}
 	return nil
 }
@@ -225,4 +294,10 @@ func (cfg Config) logger() *slog.Logger {
 const (
 	CoreQueue = "queue"
 	CoreShard = "shard"
+)
+
+// The roles of -role (the shard core).
+const (
+	RoleMember = "member"
+	RoleRelay  = "relay"
 )

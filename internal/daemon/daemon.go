@@ -70,9 +70,11 @@ type Daemon struct {
 
 // New validates cfg and builds the daemon, step by step: etcd (an embedded
 // single member without EtcdEndpoints, then a client that must reach it),
-// the coordinator with its gRPC options, readiness, and the listeners
-// (bound here, so that OnListen and its siblings report real addresses).
-// Nothing serves until Run. On an error, whatever was started is closed.
+// the gRPC listener (bound before the coordinator: its address is what a
+// member of the shard core advertises by default), the coordinator with its
+// gRPC options, readiness, and the other listeners (bound here, so that
+// OnListen and its siblings report real addresses). Nothing serves until
+// Run. On an error, whatever was started is closed.
 func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -83,7 +85,7 @@ func New(ctx context.Context, cfg Config) (_ *Daemon, err error) {
 			d.Close()
 		}
 	}()
-	for _, step := range []func(context.Context) error{d.startEtcd, d.assemble, d.watchReadiness, d.listen} {
+	for _, step := range []func(context.Context) error{d.startEtcd, d.bind, d.assemble, d.watchReadiness, d.listen} {
 		if err := step(ctx); err != nil {
 			return nil, err
 		}
@@ -213,15 +215,20 @@ func (d *Daemon) close() {
 	}
 }
 
-// listen binds the gRPC listener (with MaxConnections), the metrics and the
-// plaintext health listeners if configured, and starts catching SIGHUP.
+// bind binds the gRPC listener (with MaxConnections); it serves from Run.
+func (d *Daemon) bind(context.Context) error {
+	lis, err := net.Listen("tcp", d.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %q: %w", d.cfg.Listen, err)
+	}
+	d.lis = server.LimitConnections(lis, d.cfg.MaxConnections)
+	return nil
+}
+
+// listen reports the gRPC listener, binds the metrics and the plaintext
+// health listeners if configured, and starts catching SIGHUP.
 func (d *Daemon) listen(context.Context) error {
 	cfg, log := d.cfg, d.log
-	lis, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen on %q: %w", cfg.Listen, err)
-	}
-	d.lis = server.LimitConnections(lis, cfg.MaxConnections)
 	// SIGHUP is caught from here on, whether or not there is anything to
 	// reload: its default action would kill the daemon without a graceful
 	// stop (exit 129).

@@ -107,8 +107,27 @@ type Op struct {
 }
 
 // Ready is what the owner must do after a step: persist the units in
-// order, send the replies.
+// order, send the replies, tell the watchers of the grants that ended.
 type Ready struct {
 	Units   []Unit
 	Replies []Reply
+	// Ended are the grants whose end this step made final: every grant
+	// whose delete committed (Committed), and every visible grant of a
+	// table dropped by Fail (Dropped). A grant is reported once per table
+	// it lived in: a grant dropped with a table is loaded again by the
+	// next one (Load), which reports its end in turn.
+	Ended []Ended
+}
+
+// Ended is a grant the table no longer holds. At most one flag is set;
+// none: released with its handle (Release, or the table's own release of
+// a grant nobody was left to answer).
+type Ended struct {
+	Name    string
+	Token   int64
+	Expired bool // its TTL (or max hold) ran out without a renewal
+	Forced  bool // ForceRelease ended it
+	// Dropped: the table was dropped (Fail), not the grant. It may live
+	// on in etcd and in the next table; only that table can tell.
+	Dropped bool
 }

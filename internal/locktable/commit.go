@@ -17,6 +17,8 @@ func (t *Table) Committed(now time.Time, unit uint64, rev int64) {
 	delete(t.inflight, unit)
 	for _, g := range u.ends {
 		t.forgetGrant(g)
+		// Hook for the owner's grant watchers: the delete committed.
+		t.ended = append(t.ended, Ended{Name: g.rec.Name, Token: g.token, Expired: g.endExpired && !g.endForced, Forced: g.endForced})
 		for _, c := range g.endCalls {
 			t.reply(Reply{Call: c, Outcome: Released, Released: true})
 		}

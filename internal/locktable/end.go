@@ -76,6 +76,7 @@ func (t *Table) holderOf(now time.Time, name string, token int64, handle, caller
 // grant's lock-delay.
 func (t *Table) end(now time.Time, g *grant, expired bool) {
 	g.state = ending
+	g.endExpired = expired // for Ready.Ended
 	u := t.unit()
 	u.ends = append(u.ends, g)
 	t.openOps = append(t.openOps, Op{Key: g.key, Delete: true, Name: g.rec.Name})
@@ -151,6 +152,7 @@ func (t *Table) ForceRelease(now time.Time, call CallID, name string, token int6
 	}
 	for _, g := range lk.holders {
 		if g.state == live && g.token == token {
+			g.endForced = true // for Ready.Ended
 			g.endCalls = append(g.endCalls, call)
 			t.end(now, g, true)
 			return

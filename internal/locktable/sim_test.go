@@ -32,7 +32,15 @@ import (
 //     another identity's grant;
 //   - invariant 12: no unit holds two operations on one key, nor two new
 //     grants of one name;
-//   - every call is answered exactly once.
+//   - every call is answered exactly once;
+//   - Ready.Ended: every grant answered Granted is reported ended exactly
+//     once, when its delete commits (by the table that committed it, with
+//     the reason the table decided: a release answers Released with its
+//     Ended in the same Ready, a force release likewise with Forced, an
+//     expiry with Expired), or is still held at the end; a table dropped by
+//     Fail reports each grant it showed as Dropped, and a grant whose
+//     delete reached etcd unseen (a commit of unknown outcome) is reported
+//     only so.
 //
 // SIM_SEEDS sets how many seeds run (default 300, 40 with -short); SIM_SEED
 // runs one.
@@ -49,13 +57,35 @@ func TestSimulation(t *testing.T) {
 		v, _ := strconv.ParseUint(s, 10, 64)
 		first, seeds = v, 1
 	}
+	var kinds endKinds
 	for seed := first; seed < first+uint64(seeds); seed++ {
 		s := newSim(t, seed)
 		s.run(1500)
 		if t.Failed() {
 			t.Fatalf("seed %d failed (rerun with SIM_SEED=%d)", seed, seed)
 		}
+		kinds.add(s.kinds)
 	}
+	t.Logf("ends reported: %+v", kinds)
+	if seeds >= 10 && (kinds.released == 0 || kinds.expired == 0 || kinds.forced == 0 || kinds.dropped == 0) {
+		t.Fatalf("the runs reported no end of some kind: %+v", kinds)
+	}
+}
+
+// endKinds counts the Ended reports of a run, by kind.
+type endKinds struct{ released, expired, forced, dropped int }
+
+func (k *endKinds) add(o endKinds) {
+	k.released += o.released
+	k.expired += o.expired
+	k.forced += o.forced
+	k.dropped += o.dropped
+}
+
+// grantID names a grant across tables: its name and token.
+type grantID struct {
+	name  string
+	token int64
 }
 
 type simGrant struct {
@@ -82,6 +112,15 @@ type sim struct {
 	names       []string
 	shape       map[string]shape // each name's usual shape
 	step        int
+	// Ready.Ended, by grant: the grants answered Granted, the ends
+	// reported by a live table, those reported Dropped, and how each
+	// grant's key left etcd ("commit": a unit the table was told of;
+	// "unseen": a unit of unknown outcome that applied).
+	answered map[grantID]bool
+	ended    map[grantID]int
+	dropped  map[grantID]bool
+	deleted  map[grantID]string
+	kinds    endKinds
 }
 
 type etcdKV struct {
@@ -108,7 +147,8 @@ var callers = []string{"alice", "bob", ""}
 func newSim(t *testing.T, seed uint64) *sim {
 	s := &sim{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		now: time.Unix(1_700_000_000, 0), etcd: map[string]etcdKV{}, rev: 100,
-		calls: map[CallID]simCall{}, last: map[string]int64{}, shape: map[string]shape{}}
+		calls: map[CallID]simCall{}, last: map[string]int64{}, shape: map[string]shape{},
+		answered: map[grantID]bool{}, ended: map[grantID]int{}, dropped: map[grantID]bool{}, deleted: map[grantID]string{}}
 	for i := range 4 {
 		n := fmt.Sprintf("lock/%d", i)
 		s.names = append(s.names, n)
@@ -298,11 +338,11 @@ func (s *sim) commitOne() {
 	}
 	u := s.units[0]
 	s.units = s.units[1:]
-	s.apply(u)
+	s.apply(u, "commit")
 	s.tab.Committed(s.now, u.ID, s.rev)
 }
 
-func (s *sim) apply(u Unit) {
+func (s *sim) apply(u Unit, how string) {
 	s.rev++
 	seen := map[string]bool{}
 	newGrants := map[string]bool{}
@@ -312,9 +352,11 @@ func (s *sim) apply(u Unit) {
 		}
 		seen[op.Key] = true
 		if op.Delete {
-			if _, ok := s.etcd[op.Key]; !ok {
+			kv, ok := s.etcd[op.Key]
+			if !ok {
 				s.fatalf("unit %d deletes %s, which etcd does not hold", u.ID, op.Key)
 			}
+			s.deleted[grantID{op.Name, kv.rev}] = how
 			delete(s.etcd, op.Key)
 			continue
 		}
@@ -349,7 +391,7 @@ func (s *sim) unknownOutcome() {
 func (s *sim) settleInFlight() {
 	if n := len(s.units); n > 0 && s.rng.IntN(2) == 0 {
 		for _, u := range s.units[:1+s.rng.IntN(n)] {
-			s.apply(u)
+			s.apply(u, "unseen")
 		}
 	}
 	s.units = nil
@@ -384,6 +426,7 @@ func (s *sim) reload() {
 func (s *sim) drain() {
 	rd := s.tab.Ready()
 	s.units = append(s.units, rd.Units...)
+	ends := s.judgeEnded(rd.Ended)
 	for _, r := range rd.Replies {
 		c, ok := s.calls[r.Call]
 		if !ok {
@@ -391,6 +434,100 @@ func (s *sim) drain() {
 		}
 		delete(s.calls, r.Call)
 		s.judgeReply(c, r)
+		s.judgeEndOfReply(c, r, ends)
+	}
+}
+
+// judgeEnded checks a Ready's Ended: a live table reports a grant whose
+// delete committed, once, with one reason; a dead one reports Dropped. It
+// returns them by grant.
+func (s *sim) judgeEnded(ends []Ended) map[grantID]Ended {
+	out := map[grantID]Ended{}
+	for _, e := range ends {
+		id := grantID{e.Name, e.Token}
+		if _, dup := out[id]; dup {
+			s.fatalf("%v reported ended twice in one Ready", id)
+		}
+		out[id] = e
+		flags := 0
+		for _, f := range []bool{e.Expired, e.Forced, e.Dropped} {
+			if f {
+				flags++
+			}
+		}
+		if flags > 1 {
+			s.fatalf("%+v: more than one reason", e)
+		}
+		if e.Dropped {
+			if !s.tab.Dead() {
+				s.fatalf("%+v reported dropped by a live table", e)
+			}
+			s.dropped[id] = true
+			s.kinds.dropped++
+			continue
+		}
+		if s.tab.Dead() {
+			s.fatalf("%+v reported ended by a dead table", e)
+		}
+		if s.deleted[id] != "commit" {
+			s.fatalf("%+v reported ended, but no commit deleted its key (%q)", e, s.deleted[id])
+		}
+		if s.ended[id]++; s.ended[id] > 1 {
+			s.fatalf("%+v reported ended %d times", e, s.ended[id])
+		}
+		switch {
+		case e.Expired:
+			s.kinds.expired++
+		case e.Forced:
+			s.kinds.forced++
+		default:
+			s.kinds.released++
+		}
+	}
+	return out
+}
+
+// judgeEndOfReply checks that a release or force release that ended a
+// grant comes with its Ended, of its kind.
+func (s *sim) judgeEndOfReply(c simCall, r Reply, ends map[grantID]Ended) {
+	if r.Outcome == Granted {
+		s.answered[grantID{r.Grant.Name, r.Grant.Token}] = true
+		return
+	}
+	if !r.Released || (c.kind != "release" && c.kind != "force") {
+		return
+	}
+	e, ok := ends[grantID{c.name, c.token}]
+	switch {
+	case !ok:
+		s.fatalf("%s of %s %d answered released without its Ended", c.kind, c.name, c.token)
+	case c.kind == "force" && !e.Forced:
+		s.fatalf("force release of %s %d reported as %+v", c.name, c.token, e)
+	case c.kind == "release" && (e.Forced || e.Expired || e.Dropped):
+		s.fatalf("release of %s %d reported as %+v", c.name, c.token, e)
+	}
+}
+
+// checkEnded is Ready.Ended's rule at the end of a run: every grant
+// answered is reported ended exactly once by a live table if a commit it
+// was told of deleted its key, never if its delete reached etcd unseen
+// (then it was reported Dropped), and not at all while etcd holds it.
+func (s *sim) checkEnded() {
+	for id := range s.answered {
+		switch s.deleted[id] {
+		case "commit":
+			if s.ended[id] != 1 {
+				s.fatalf("%v: deleted by a commit, reported ended %d times", id, s.ended[id])
+			}
+		case "unseen":
+			if s.ended[id] != 0 || !s.dropped[id] {
+				s.fatalf("%v: deleted unseen, reported ended %d times, dropped %v", id, s.ended[id], s.dropped[id])
+			}
+		default:
+			if s.ended[id] != 0 {
+				s.fatalf("%v: still held, reported ended %d times", id, s.ended[id])
+			}
+		}
 	}
 }
 
@@ -546,6 +683,7 @@ func (s *sim) wind() {
 	if len(s.calls) != 0 {
 		s.fatalf("%d calls never answered", len(s.calls))
 	}
+	s.checkEnded()
 }
 
 func keys(m map[string]etcdKV) []string {

@@ -46,6 +46,8 @@ type grant struct {
 	calls        []CallID // Acquires answered when its put commits
 	endCalls     []CallID // Releases answered when its delete commits
 	retried      bool     // a retry of its request id took over its call
+	endExpired   bool     // end was decided by an expiry (or ForceRelease), for Ended
+	endForced    bool     // end was decided by ForceRelease, for Ended
 }
 
 // waiter is a queued Acquire.
@@ -87,6 +89,7 @@ type Table struct {
 	openOps  []Op
 	out      []Unit
 	replies  []Reply
+	ended    []Ended
 	timers   deadlines
 	dead     bool
 }
@@ -108,14 +111,14 @@ func New(cfg Config) *Table {
 // made since the last Ready.
 func (t *Table) Ready() Ready {
 	t.closeUnit()
-	r := Ready{Units: t.out, Replies: t.replies}
-	t.out, t.replies = nil, nil
+	r := Ready{Units: t.out, Replies: t.replies, Ended: t.ended}
+	t.out, t.replies, t.ended = nil, nil, nil
 	return r
 }
 
 // HasReady says whether Ready has anything to hand over.
 func (t *Table) HasReady() bool {
-	return len(t.out) > 0 || len(t.replies) > 0 || len(t.openOps) > 0
+	return len(t.out) > 0 || len(t.replies) > 0 || len(t.openOps) > 0 || len(t.ended) > 0
 }
 
 // Fail drops the table: every call in progress is answered Unavailable and
@@ -138,6 +141,20 @@ func (t *Table) Fail() {
 			t.reply(Reply{Call: c, Outcome: Unavailable})
 		}
 	}
+	// Hook for the owner's grant watchers: every visible grant (live, or
+	// ending with its delete not known to have committed) is reported
+	// Dropped; pending grants were never answered, so nobody watches them.
+	var dropped []Ended
+	for _, g := range t.grants {
+		if g.state != pending {
+			dropped = append(dropped, Ended{Name: g.rec.Name, Token: g.token, Dropped: true})
+		}
+	}
+	sort.Slice(dropped, func(i, j int) bool {
+		a, b := dropped[i], dropped[j]
+		return a.Name < b.Name || (a.Name == b.Name && a.Token < b.Token)
+	})
+	t.ended = append(t.ended, dropped...)
 	clear(t.waiting)
 	clear(t.calls)
 	t.openOps, t.open, t.out = nil, nil, nil

@@ -10,7 +10,11 @@ import (
 // AdminOnly).
 func (s *LockService) ForceRelease(ctx context.Context, req *coordinatorv1.ForceReleaseRequest) (*coordinatorv1.ForceReleaseResponse, error) {
 	if s.shards != nil {
-		return nil, s.fail(ctx, "ForceRelease", errNotOnShardCore("ForceRelease"))
+		resp, err := s.forceReleaseOnShards(ctx, req)
+		if err != nil {
+			return nil, s.fail(ctx, "ForceRelease", err)
+		}
+		return resp, nil
 	}
 	rev, current, err := s.revisionOf(ctx, req.GetToken())
 	if err != nil {

@@ -36,6 +36,7 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 	}
 	var (
 		se *streamError
+		fw *forwardedError
 		fe *lease.FieldError
 		ng *lease.NotGrantedError
 		tw *lease.TooManyWaitersError
@@ -52,6 +53,8 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 	switch {
 	case errors.As(err, &se):
 		return se.err // the stream's own failure: gRPC's answer already
+	case errors.As(err, &fw):
+		return fw.st // a peer's answer to a forwarded call: its status already
 	case errors.As(err, &fe):
 		return withReason(codes.InvalidArgument, err.Error(), "INVALID_FIELD", map[string]string{"field": fe.Field},
 			&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: fe.Field, Description: fe.Reason}}})

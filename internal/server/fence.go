@@ -9,6 +9,7 @@ import (
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/authz"
 	"github.com/coordinatord/coordinatord/internal/fence"
+	"github.com/coordinatord/coordinatord/internal/shard"
 )
 
 var reasons = map[fence.Reason]coordinatorv1.ValidateTokenResponse_Reason{
@@ -49,11 +50,26 @@ type FenceService struct {
 	fence  *fence.Validator
 	log    *slog.Logger
 	epochs Epochs
+	shards *shard.Owner // the shard-owner core, if it serves the locks: see onShards
 }
 
 // FenceService returns the mark handlers over the same validator as s.
 func (s *LockService) FenceService() *FenceService {
-	return &FenceService{fence: s.fence, log: s.log, epochs: s.epochs}
+	return &FenceService{fence: s.fence, log: s.log, epochs: s.epochs, shards: s.shards}
+}
+
+// onShards refuses an admin call on the marks when the shard-owner core
+// serves the locks: its marks live in its own keyspace
+// (<prefix>shards/marks/, internal/shard/marks.go), not the queue core's
+// that these handlers read, so they would show (or delete, or rebind) the
+// wrong marks. GetMark, ListMarks, DeleteMark and RebindMark on the shard
+// core are later work; until then they answer UNIMPLEMENTED
+// (NOT_ON_SHARD_CORE). GetEpoch is served on both cores.
+func (s *FenceService) onShards(ctx context.Context, method string) error {
+	if s.shards == nil {
+		return nil
+	}
+	return toStatus(ctx, s.log, method, errNotOnShardCore(method))
 }
 
 func markPB(m *fence.Mark) *coordinatorv1.Mark {
@@ -72,6 +88,9 @@ func markID(resource string, slot *wrapperspb.Int32Value) fence.MarkID {
 
 // GetMark implements coordinatorv1.FenceServiceServer.
 func (s *FenceService) GetMark(ctx context.Context, req *coordinatorv1.GetMarkRequest) (*coordinatorv1.GetMarkResponse, error) {
+	if err := s.onShards(ctx, "GetMark"); err != nil {
+		return nil, err
+	}
 	m, err := s.fence.GetMark(ctx, markID(req.GetResource(), req.GetSlot()))
 	if err != nil {
 		return nil, toStatus(ctx, s.log, "GetMark", err)
@@ -81,6 +100,9 @@ func (s *FenceService) GetMark(ctx context.Context, req *coordinatorv1.GetMarkRe
 
 // ListMarks implements coordinatorv1.FenceServiceServer.
 func (s *FenceService) ListMarks(ctx context.Context, req *coordinatorv1.ListMarksRequest) (*coordinatorv1.ListMarksResponse, error) {
+	if err := s.onShards(ctx, "ListMarks"); err != nil {
+		return nil, err
+	}
 	ms, next, err := s.fence.ListMarks(ctx, req.GetPrefix(), int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
 		return nil, toStatus(ctx, s.log, "ListMarks", err)
@@ -95,6 +117,9 @@ func (s *FenceService) ListMarks(ctx context.Context, req *coordinatorv1.ListMar
 // DeleteMark implements coordinatorv1.FenceServiceServer (admins only, see
 // AdminOnly).
 func (s *FenceService) DeleteMark(ctx context.Context, req *coordinatorv1.DeleteMarkRequest) (*coordinatorv1.DeleteMarkResponse, error) {
+	if err := s.onShards(ctx, "DeleteMark"); err != nil {
+		return nil, err
+	}
 	m, err := s.fence.DeleteMark(ctx, markID(req.GetResource(), req.GetSlot()))
 	if err != nil {
 		return nil, toStatus(ctx, s.log, "DeleteMark", err)
@@ -112,6 +137,9 @@ func (s *FenceService) GetEpoch(context.Context, *coordinatorv1.GetEpochRequest)
 // RebindMark implements coordinatorv1.FenceServiceServer (admins only, see
 // AdminOnly).
 func (s *FenceService) RebindMark(ctx context.Context, req *coordinatorv1.RebindMarkRequest) (*coordinatorv1.RebindMarkResponse, error) {
+	if err := s.onShards(ctx, "RebindMark"); err != nil {
+		return nil, err
+	}
 	m, err := s.fence.RebindMark(ctx, markID(req.GetResource(), req.GetSlot()), req.GetLock())
 	if err != nil {
 		return nil, toStatus(ctx, s.log, "RebindMark", err)

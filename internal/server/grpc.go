@@ -63,6 +63,7 @@ func NewGRPCServer(svc *LockService, log *slog.Logger, opts ...Option) (*grpc.Se
 		grpc.NumStreamWorkers(streamWorkers()),
 	}, o.grpc...)
 	gs := grpc.NewServer(all...)
+	svc.forwardTo(o.memberSecret, o.peerDial, log)
 	coordinatorv1.RegisterLockServiceServer(gs, svc)
 	coordinatorv1.RegisterFenceServiceServer(gs, svc.FenceService())
 	if cs := svc.CounterService(); cs != nil {
@@ -92,11 +93,17 @@ func interceptorChains(log *slog.Logger, o *serverOptions, bad *badMessages) ([]
 	var unary []grpc.UnaryServerInterceptor
 	unary = append(unary, o.outerUnary...)
 	unary = append(unary, lazyLogging(log, logging.UnaryServerInterceptor(interceptorLogger(log), logOpts...)), badUnary)
+	var memberStream []grpc.StreamServerInterceptor
+	if len(o.memberSecret) > 0 { // before authentication, which reads its verdict
+		mu, ms := memberInterceptors(o.memberSecret)
+		unary, memberStream = append(unary, mu), []grpc.StreamServerInterceptor{ms}
+	}
 	unary = append(unary, o.innerUnary...)
 	unary = append(unary, recovery.UnaryServerInterceptor(recOpts...))
 	var stream []grpc.StreamServerInterceptor
 	stream = append(stream, o.outerStream...)
 	stream = append(stream, logging.StreamServerInterceptor(interceptorLogger(log), logOpts...), badStream)
+	stream = append(stream, memberStream...)
 	stream = append(stream, o.innerStream...)
 	stream = append(stream, recovery.StreamServerInterceptor(recOpts...))
 	return unary, stream

@@ -19,7 +19,7 @@ const releaseTimeout = 5 * time.Second
 // renew it) until it is released, lost or the stream ends.
 func (s *LockService) Hold(stream coordinatorv1.LockService_HoldServer) error {
 	if s.shards != nil {
-		return s.fail(stream.Context(), "Hold", errNotOnShardCore("Hold"))
+		return s.holdOnShards(stream)
 	}
 	ctx := stream.Context()
 	in := receive(ctx, stream)

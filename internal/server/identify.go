@@ -11,9 +11,14 @@ import (
 	"github.com/coordinatord/coordinatord/internal/authz"
 )
 
-// identify names the caller of a call (authentication): the verified
-// client certificate, else the bearer token; never a request field.
+// identify names the caller of a call (authentication): the identity a
+// member replica asserted for a call it forwarded, verified by its member
+// secret (forwardedIdentity; refused without it), else the verified client
+// certificate, else the bearer token; never a request field.
 func identify(ctx context.Context, store *authz.Store, fromCN bool) (string, error) {
+	if id, claimed, err := forwardedIdentity(ctx); claimed {
+		return id, err
+	}
 	if p, ok := peer.FromContext(ctx); ok {
 		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
 			if id := authz.IdentityFromCert(ti.State.VerifiedChains[0][0], fromCN); id != "" {

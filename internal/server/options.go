@@ -1,6 +1,10 @@
 package server
 
-import "google.golang.org/grpc"
+import (
+	"bytes"
+
+	"google.golang.org/grpc"
+)
 
 type serverOptions struct {
 	outerUnary  []grpc.UnaryServerInterceptor
@@ -8,6 +12,9 @@ type serverOptions struct {
 	innerUnary  []grpc.UnaryServerInterceptor
 	innerStream []grpc.StreamServerInterceptor
 	grpc        []grpc.ServerOption
+
+	memberSecret []byte            // WithMemberSecret
+	peerDial     []grpc.DialOption // WithPeerDialOptions
 }
 
 // Option configures NewGRPCServer.
@@ -34,4 +41,21 @@ func WithInnerInterceptors(u []grpc.UnaryServerInterceptor, s []grpc.StreamServe
 // keepalive enforcement).
 func WithServerOptions(opts ...grpc.ServerOption) Option {
 	return func(o *serverOptions) { o.grpc = append(o.grpc, opts...) }
+}
+
+// WithMemberSecret sets the secret the member replicas of the shard core
+// share (-member-secret-file; printable ASCII, at least MinMemberSecret
+// bytes): this replica sends it with the identity of every call it
+// forwards, and accepts an identity asserted by a peer only with it
+// (compared in constant time). Without it, an asserted identity is refused
+// UNAUTHENTICATED and authenticated calls are not forwarded.
+func WithMemberSecret(secret []byte) Option {
+	return func(o *serverOptions) { o.memberSecret = bytes.Clone(secret) }
+}
+
+// WithPeerDialOptions sets the options of the connections to peers that
+// calls are forwarded to (their transport credentials: TLS when the
+// replicas serve TLS; default: plaintext).
+func WithPeerDialOptions(opts ...grpc.DialOption) Option {
+	return func(o *serverOptions) { o.peerDial = append(o.peerDial, opts...) }
 }

@@ -36,6 +36,7 @@ type LockService struct {
 	log      *slog.Logger
 	epochs   Epochs       // WithEpochs
 	shards   *shard.Owner // WithShardCore: the lock calls on the shard-owner core
+	fwd      *Forwarder   // the shard core's forwarding to other members (NewGRPCServer)
 }
 
 // NewLockService returns the handlers over the given domain services (c

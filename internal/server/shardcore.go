@@ -14,11 +14,14 @@ import (
 )
 
 // The handlers of the shard-owner core (-core shard), while it is built
-// beside the queue core: Acquire, Release, KeepAlive, ValidateToken
-// (without a resource), Describe and List are decided by the owner of the
-// name's shard in memory (internal/shard, internal/locktable). The calls
-// not ported yet answer UNIMPLEMENTED with the reason NOT_ON_SHARD_CORE
-// rather than reach the queue core, whose locks the shard core cannot see.
+// beside the queue core: Acquire, Release, KeepAlive, ValidateToken (marks
+// in marksshard.go), Describe, List, ForceRelease and Hold (holdshard.go)
+// are decided by the owner of the name's shard in memory (internal/shard,
+// internal/locktable), forwarded there from any other replica (forward.go;
+// a Hold stream is not forwarded yet). The calls not ported yet (Watch,
+// sessions, the marks' admin calls) answer UNIMPLEMENTED with the reason
+// NOT_ON_SHARD_CORE rather than reach the queue core, whose locks the
+// shard core cannot see.
 
 // WithShardCore serves the lock calls from the shard-owner core.
 func WithShardCore(o *shard.Owner) ServiceOption { return func(s *LockService) { s.shards = o } }
@@ -35,8 +38,36 @@ func (e *NotOnShardCoreError) Error() string {
 	return e.Method + " is not served by the shard-owner core yet (-core shard); run the daemon with -core queue (the default) to use it"
 }
 
+// The calls on the shard-owner core answer here if this replica serves the
+// name's shard, else on the member that owns it (forward.go).
+
 // acquireOnShards is Acquire on the shard-owner core.
 func (s *LockService) acquireOnShards(ctx context.Context, req *coordinatorv1.AcquireRequest) (*coordinatorv1.AcquireResponse, error) {
+	return forward(ctx, s.fwd, req, s.acquireHere, coordinatorv1.LockServiceClient.Acquire)
+}
+
+// releaseOnShards is Release on the shard-owner core.
+func (s *LockService) releaseOnShards(ctx context.Context, req *coordinatorv1.ReleaseRequest) (*coordinatorv1.ReleaseResponse, error) {
+	return forward(ctx, s.fwd, req, s.releaseHere, coordinatorv1.LockServiceClient.Release)
+}
+
+// keepAliveOnShards is KeepAlive on the shard-owner core.
+func (s *LockService) keepAliveOnShards(ctx context.Context, req *coordinatorv1.KeepAliveRequest) (*coordinatorv1.KeepAliveResponse, error) {
+	return forward(ctx, s.fwd, req, s.keepAliveHere, coordinatorv1.LockServiceClient.KeepAlive)
+}
+
+// validateOnShards is ValidateToken on the shard-owner core.
+func (s *LockService) validateOnShards(ctx context.Context, req *coordinatorv1.ValidateTokenRequest) (*coordinatorv1.ValidateTokenResponse, error) {
+	return forward(ctx, s.fwd, req, s.validateHere, coordinatorv1.LockServiceClient.ValidateToken)
+}
+
+// describeOnShards is Describe on the shard-owner core.
+func (s *LockService) describeOnShards(ctx context.Context, req *coordinatorv1.DescribeRequest) (*coordinatorv1.DescribeResponse, error) {
+	return forward(ctx, s.fwd, req, s.describeHere, coordinatorv1.LockServiceClient.Describe)
+}
+
+// acquireHere is Acquire on a shard this replica serves.
+func (s *LockService) acquireHere(ctx context.Context, req *coordinatorv1.AcquireRequest) (*coordinatorv1.AcquireResponse, error) {
 	if req.GetSessionHandle() != "" {
 		return nil, errNotOnShardCore("Acquire with a session")
 	}
@@ -73,8 +104,8 @@ func (s *LockService) acquireOnShards(ctx context.Context, req *coordinatorv1.Ac
 // forever is the wait of an Acquire without one: its deadline ends it.
 const forever = 1 << 62
 
-// releaseOnShards is Release on the shard-owner core.
-func (s *LockService) releaseOnShards(ctx context.Context, req *coordinatorv1.ReleaseRequest) (*coordinatorv1.ReleaseResponse, error) {
+// releaseHere is Release on a shard this replica serves.
+func (s *LockService) releaseHere(ctx context.Context, req *coordinatorv1.ReleaseRequest) (*coordinatorv1.ReleaseResponse, error) {
 	rev, current, err := s.revisionOf(ctx, req.GetToken())
 	if err != nil || !current {
 		return &coordinatorv1.ReleaseResponse{}, err
@@ -86,8 +117,8 @@ func (s *LockService) releaseOnShards(ctx context.Context, req *coordinatorv1.Re
 	return &coordinatorv1.ReleaseResponse{Released: ok}, nil
 }
 
-// keepAliveOnShards is KeepAlive on the shard-owner core.
-func (s *LockService) keepAliveOnShards(ctx context.Context, req *coordinatorv1.KeepAliveRequest) (*coordinatorv1.KeepAliveResponse, error) {
+// keepAliveHere is KeepAlive on a shard this replica serves.
+func (s *LockService) keepAliveHere(ctx context.Context, req *coordinatorv1.KeepAliveRequest) (*coordinatorv1.KeepAliveResponse, error) {
 	rev, current, err := s.revisionOf(ctx, req.GetToken())
 	if err == nil && !current {
 		err = lease.ErrNotHeld
@@ -103,11 +134,11 @@ func (s *LockService) keepAliveOnShards(ctx context.Context, req *coordinatorv1.
 		SafeUntil: timestamp(r.ExpiresAt.Add(-lease.SafetyMargin(r.TTL)))}, nil
 }
 
-// validateOnShards is ValidateToken on the shard-owner core: answered from
-// the owner's memory, no etcd request.
-func (s *LockService) validateOnShards(ctx context.Context, req *coordinatorv1.ValidateTokenRequest) (*coordinatorv1.ValidateTokenResponse, error) {
+// validateHere is ValidateToken on a shard this replica serves: answered
+// from the owner's memory, no etcd request.
+func (s *LockService) validateHere(ctx context.Context, req *coordinatorv1.ValidateTokenRequest) (*coordinatorv1.ValidateTokenResponse, error) {
 	if req.GetResource() != "" {
-		return nil, errNotOnShardCore("ValidateToken with a resource")
+		return s.validateWithResourceOnShards(ctx, req)
 	}
 	if err := lease.ValidateName("name", req.GetName(), false); err != nil {
 		return nil, err
@@ -143,8 +174,8 @@ func fenceReason(r locktable.Reason) fence.Reason {
 	return fence.NotHeld
 }
 
-// describeOnShards is Describe on the shard-owner core.
-func (s *LockService) describeOnShards(ctx context.Context, req *coordinatorv1.DescribeRequest) (*coordinatorv1.DescribeResponse, error) {
+// describeHere is Describe on a shard this replica serves.
+func (s *LockService) describeHere(ctx context.Context, req *coordinatorv1.DescribeRequest) (*coordinatorv1.DescribeResponse, error) {
 	if err := lease.ValidateName("name", req.GetName(), false); err != nil {
 		return nil, err
 	}
@@ -166,7 +197,8 @@ func (s *LockService) describeOnShards(ctx context.Context, req *coordinatorv1.D
 	return resp, nil
 }
 
-// listOnShards is List on the shard-owner core (one page: every holder).
+// listOnShards is List on the shard-owner core (one page: every holder),
+// gathered from every member that owns shards (listAcross).
 func (s *LockService) listOnShards(ctx context.Context, req *coordinatorv1.ListRequest) (*coordinatorv1.ListResponse, error) {
 	if req.GetPageToken() != "" {
 		return nil, &lease.FieldError{Field: "page_token", Reason: "the shard-owner core answers List in one page; send no page_token"}
@@ -175,11 +207,14 @@ func (s *LockService) listOnShards(ctx context.Context, req *coordinatorv1.ListR
 	if err != nil {
 		return nil, err
 	}
-	hs, err := s.shards.List(req.GetPrefix())
+	hs, err := s.listAcross(ctx, req, func() ([]*coordinatorv1.Holder, []uint32) {
+		hs, served := s.shards.List(req.GetPrefix())
+		return holdersOnShards(hs, e), served
+	})
 	if err != nil {
 		return nil, err
 	}
-	return &coordinatorv1.ListResponse{Holders: holdersOnShards(hs, e)}, nil
+	return &coordinatorv1.ListResponse{Holders: hs}, nil
 }
 
 func holdersOnShards(hs []locktable.Holder, e int64) []*coordinatorv1.Holder {

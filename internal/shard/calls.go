@@ -98,31 +98,39 @@ func (o *Owner) Describe(name string) ([]locktable.Holder, []locktable.Waiter, e
 }
 
 // List is every holder whose name starts with prefix, across the shards
-// this replica serves, sorted by name and token. It fails if a shard is
-// not served here (a multi-member List gathers from every owner).
-func (o *Owner) List(prefix string) ([]locktable.Holder, error) {
-	var out []locktable.Holder
+// this replica serves now, sorted by name and token, and which shards
+// those are (ascending). A shard not served here (owned by another member,
+// loading, past the lease deadline) is skipped: a List across members
+// gathers it from its owner (internal/server, forward.go), and tells from
+// served whether every shard was answered for.
+func (o *Owner) List(prefix string) (holders []locktable.Holder, served []uint32) {
 	for _, s := range o.shards {
 		s.mu.Lock()
-		if err := o.serving(s); err != nil {
+		if o.serving(s) != nil {
 			s.mu.Unlock()
-			return nil, err
+			continue
 		}
+		served = append(served, s.n)
 		s.tab.Holders(func(h locktable.Holder) {
 			if strings.HasPrefix(h.Name, prefix) {
-				out = append(out, h)
+				holders = append(holders, h)
 			}
 		})
 		s.mu.Unlock()
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].Name != out[j].Name {
-			return out[i].Name < out[j].Name
+	sort.Slice(holders, func(i, j int) bool {
+		if holders[i].Name != holders[j].Name {
+			return holders[i].Name < holders[j].Name
 		}
-		return out[i].Token < out[j].Token
+		return holders[i].Token < holders[j].Token
 	})
-	return out, nil
+	return holders, served
 }
+
+// Advertise is the address this member registered for its peers to
+// forward to (shard.WithMember), "" if none: a NotServingError naming it
+// names this replica itself, which must not forward to itself.
+func (o *Owner) Advertise() string { return o.cfg.advertise }
 
 // call runs one step on the shard's table and waits for its reply. If ctx
 // ends first the call is cancelled in the table, and ctx's error returned

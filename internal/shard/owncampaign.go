@@ -332,6 +332,11 @@ func ownKeysFor(prefix string) ownKeys {
 
 func (k ownKeys) member(id string) string { return k.members + id }
 
+// viewEnd ends the range the view reads and watches: from members/ to the
+// last owner key. data/, marks/ and markcounts/ sort before members/, and
+// nothing else sorts between members/ and owners/.
+func (k ownKeys) viewEnd() string { return clientv3.GetPrefixRangeEnd(k.owners) }
+
 func (k ownKeys) owner(shard uint32) string { return fmt.Sprintf("%s%05d", k.owners, shard) }
 
 // shard parses an owner key of a shard below count.

@@ -45,6 +45,7 @@ type Owner struct {
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup // loads and timers in progress
 	closeOnce   sync.Once
+	creating    markCreators // serialises one identity's mark creations (marks.go)
 }
 
 // shardState is one shard as this replica serves it.
@@ -61,6 +62,9 @@ type shardState struct {
 	timer    *time.Timer
 	timerAt  time.Time
 	loading  bool
+	ends     endings // WatchGrant's watches and recent ends (endings.go)
+
+	marks map[string]markEntry // cached resource marks (marks.go); cleared by drop
 }
 
 type ownerOptions struct {
@@ -73,6 +77,7 @@ type ownerOptions struct {
 	log        *slog.Logger
 	maxWaiters int
 	adoptAfter time.Duration
+	markLimit  *int64 // WithMarkLimit; nil: fence.DefaultMarkLimit
 }
 
 // OwnerOption configures NewOwner.
@@ -103,6 +108,10 @@ func WithOwnerLogger(l *slog.Logger) OwnerOption { return func(o *ownerOptions) 
 // WithMaxWaitersPerLock bounds each lock's queue (0: unbounded).
 func WithMaxWaitersPerLock(n int) OwnerOption { return func(o *ownerOptions) { o.maxWaiters = n } }
 
+// WithMarkLimit caps the resource marks one identity may create (0: no
+// cap, still counted; default fence.DefaultMarkLimit). See marks.go.
+func WithMarkLimit(n int64) OwnerOption { return func(o *ownerOptions) { o.markLimit = &n } }
+
 // NewOwner starts a member (or relay) of the shard-owner core on etcd under
 // the key prefix: its lease, its committer, its ownership. It returns once
 // registered; the shards it wins are served as each is loaded.
@@ -123,7 +132,12 @@ func NewOwner(ctx context.Context, cli *clientv3.Client, prefix string, opts ...
 		return nil, err
 	}
 	o.lease = l
-	o.com = NewCommitter(cli, o.guard)
+	// One Txn in flight: on this machine (etcd in its own process, on local
+	// disk) 4 in flight measured no faster (uncontended, 64 clients: 0.96x
+	// and 0.88x the Mutex against 1.59x and 1.25x with one, alternated
+	// runs), as etcd batches by fsync anyway; against a networked etcd
+	// WithMaxInflight may pay off.
+	o.com = NewCommitter(cli, o.guard, WithMaxInflight(1))
 	ownOpts := []OwnershipOption{WithShardCount(cfg.count), WithRole(cfg.relay), WithOwnershipLogger(cfg.log), WithAdoptAfter(cfg.adoptAfter)}
 	if cfg.memberID != "" {
 		ownOpts = append(ownOpts, WithMemberID(cfg.memberID))

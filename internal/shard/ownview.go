@@ -1,7 +1,9 @@
 package shard
 
-// The ownership view: one goroutine follows <prefix>shards/ (members and
-// owner keys) from an initial Get, re-reading after a watch error or a
+// The ownership view: one goroutine follows the members and owner keys
+// (<prefix>shards/members/ through <prefix>shards/owners/, one range that
+// holds nothing else: the shards' grants and marks sort before it, so no
+// member watches another's writes) from an initial Get, re-reading after a watch error or a
 // compaction, and reconciles after every change.
 
 import (
@@ -31,7 +33,7 @@ func (o *Ownership) run(ctx context.Context, rev int64) {
 func (o *Ownership) follow(ctx context.Context, from int64, tick <-chan time.Time) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	wch := o.cli.Watch(wctx, o.keys.root, clientv3.WithPrefix(), clientv3.WithRev(from))
+	wch := o.cli.Watch(wctx, o.keys.members, clientv3.WithRange(o.keys.viewEnd()), clientv3.WithRev(from))
 	for {
 		select {
 		case <-ctx.Done():
@@ -70,10 +72,10 @@ func (o *Ownership) reload(ctx context.Context) int64 {
 	}
 }
 
-// load replaces the view with a read of <prefix>shards/, drops the shards
+// load replaces the view with a read of the members and owner keys, drops the shards
 // it shows are no longer ours, and returns the read's revision.
 func (o *Ownership) load(ctx context.Context) (int64, error) {
-	resp, err := o.cli.Get(ctx, o.keys.root, clientv3.WithPrefix())
+	resp, err := o.cli.Get(ctx, o.keys.members, clientv3.WithRange(o.keys.viewEnd()))
 	if err != nil {
 		return 0, err
 	}

@@ -48,6 +48,7 @@ func (o *Owner) drop(s *shardState) {
 	s.tab = nil
 	s.gen++
 	s.stopTimer()
+	clear(s.marks) // the next table reads its marks from etcd again (marks.go)
 }
 
 // startLoad loads the shard in the background once nothing of an older
@@ -116,8 +117,8 @@ func (o *Owner) readShard(shard uint32) ([]locktable.Loaded, error) {
 }
 
 // flush hands the table's output over (under s.mu): units to the
-// committer, replies to their callers; and sets the timer to the table's
-// next deadline.
+// committer, replies to their callers, ended grants to their watches
+// (endings.go); and sets the timer to the table's next deadline.
 func (o *Owner) flush(s *shardState) {
 	if s.tab == nil {
 		return
@@ -132,6 +133,7 @@ func (o *Owner) flush(s *shardState) {
 			ch <- r
 		}
 	}
+	o.grantsEnded(s, rd.Ended)
 	o.arm(s)
 }
 
@@ -152,6 +154,35 @@ func (o *Owner) submit(s *shardState, u locktable.Unit) {
 			s.broken.Store(true) // before the committer builds its next Txn
 		}
 		o.committed(s, gen, id, rev, err)
+	}})
+}
+
+// submitOwn sends a unit the runtime made itself (a mark's raise,
+// marks.go), not the table's: in flight and, failed, breaking and
+// dropping the shard exactly as the table's units do (committed). done
+// runs under s.mu with the outcome and whether the unit's table is still
+// the shard's.
+func (o *Owner) submitOwn(s *shardState, ops []Op, done func(rev int64, err error, current bool)) {
+	s.inflight++
+	gen := s.gen
+	o.com.Submit(Unit{Shard: s.n, Ops: ops, Done: func(rev int64, err error) {
+		if err != nil {
+			s.broken.Store(true) // before the committer builds its next Txn
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.inflight--
+		current := gen == s.gen && s.tab != nil
+		if current && err != nil {
+			if !errors.Is(err, ErrClosed) {
+				o.log.Warn("shard: a commit failed; the shard reloads from etcd", "shard", s.n, "err", err)
+			}
+			o.drop(s)
+		}
+		done(rev, err, current)
+		if s.inflight == 0 && s.tab == nil {
+			o.startLoad(s)
+		}
 	}})
 }
 

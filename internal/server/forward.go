@@ -1,0 +1,444 @@
+package server
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
+	"github.com/coordinatord/coordinatord/internal/authz"
+	"github.com/coordinatord/coordinatord/internal/shard"
+)
+
+// Forwarding on the shard-owner core: any replica answers for any name.
+// A shard handler that finds the name's shard owned by another member
+// (a *shard.NotServingError naming its address) calls the same RPC on that
+// member, under the caller's deadline, and answers the member's response
+// or status unchanged (forwardedError). A relay owns nothing and forwards
+// every call.
+//
+// What it guarantees, and why:
+//
+//   - No loops: a forwarded call carries "coordinatord-forwarded: 1" and
+//     is never forwarded again; a member that does not own the shard
+//     either answers SHARD_NOT_SERVED.
+//   - The shard may move: when the owner is unreachable (UNAVAILABLE from
+//     the transport) or answers SHARD_NOT_SERVED, and when nobody serves
+//     the shard now (a hand-over, a load), the call is tried again a few
+//     times (forwardRetries, within the deadline) after re-reading the
+//     owner; then the answer is SHARD_NOT_SERVED, safe to retry. Only the
+//     refusals that say the call was not applied are retried there (an
+//     Acquire cut in flight is withdrawn by its owner, see shard.Acquire).
+//   - The caller's identity crosses the hop only with the member secret:
+//     the forwarding replica has authenticated and authorized the caller;
+//     it sends "coordinatord-identity: <id>" and
+//     "coordinatord-member-secret: <secret>", and the receiving replica
+//     accepts that identity only if the secret is its own (memberInterceptors,
+//     identify), and authorizes it again. Without authentication there is
+//     no identity and none is sent. A replica with an authenticated caller
+//     but no member secret does not forward (SHARD_NOT_SERVED, logged once).
+//   - List asks every member that owns shards for the shards it serves
+//     ("coordinatord-list-local: 1"; the member names them in the response
+//     header "coordinatord-list-shards-bin"), keeps each shard's holders
+//     from one member only, and answers only when every shard was answered
+//     for (else SHARD_NOT_SERVED after the retries).
+
+// The metadata of forwarded calls.
+const (
+	mdForwarded    = "coordinatord-forwarded"
+	mdIdentity     = "coordinatord-identity"
+	mdMemberSecret = "coordinatord-member-secret"
+	mdListLocal    = "coordinatord-list-local"
+	mdListShards   = "coordinatord-list-shards-bin" // binary: a bitmap of the shards answered for
+)
+
+// The retries of a forward: forwardRetries waits, doubling from
+// forwardBackoff (20+40+80+160+320 ms: 0.6 s in all), each only if the
+// caller's deadline leaves room for it. A graceful hand-over leaves a shard
+// unserved for one commit and one read; a crash, for the owner's lease TTL
+// (the caller retries SHARD_NOT_SERVED then, as its RetryInfo says).
+const (
+	forwardRetries = 5
+	forwardBackoff = 20 * time.Millisecond
+)
+
+// MinMemberSecret is the shortest member secret (WithMemberSecret) the
+// daemon accepts: 16 bytes, 128 bits if random.
+const MinMemberSecret = 16
+
+// Forwarder is a replica's connections to its peers, one lazily created
+// gRPC client connection per peer address, closed by Close.
+type Forwarder struct {
+	self   string // this replica's advertised address: never forwarded to
+	secret []byte
+	dial   []grpc.DialOption
+	log    *slog.Logger
+
+	warnOnce sync.Once // the missing member secret, logged once
+
+	mu     sync.Mutex
+	conns  map[string]*grpc.ClientConn
+	closed bool
+}
+
+func newForwarder(own *shard.Owner, secret []byte, dial []grpc.DialOption, log *slog.Logger) *Forwarder {
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...)
+	return &Forwarder{self: own.Advertise(), secret: secret, dial: opts, log: log, conns: map[string]*grpc.ClientConn{}}
+}
+
+// Close closes every connection to a peer; calls forwarded after it fail
+// as if the peer were unreachable. Idempotent.
+func (f *Forwarder) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	var errs []error
+	for addr, c := range f.conns {
+		errs = append(errs, c.Close())
+		delete(f.conns, addr)
+	}
+	return errors.Join(errs...)
+}
+
+// client is a client of the peer at addr, on the pooled connection.
+func (f *Forwarder) client(addr string) (coordinatorv1.LockServiceClient, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil, errors.New("the forwarder is closed")
+	}
+	c, ok := f.conns[addr]
+	if !ok {
+		var err error
+		if c, err = grpc.NewClient(addr, f.dial...); err != nil {
+			return nil, err
+		}
+		f.conns[addr] = c
+	}
+	return coordinatorv1.NewLockServiceClient(c), nil
+}
+
+// outgoing is ctx with the metadata of a forwarded call: the mark, and the
+// caller's identity with the member secret if the call is authenticated.
+// ok is false if the identity cannot be asserted (no member secret, or an
+// identity that is not printable ASCII, which metadata cannot carry).
+func (f *Forwarder) outgoing(ctx context.Context) (_ context.Context, ok bool) {
+	md := metadata.Pairs(mdForwarded, "1")
+	if id, authenticated := authz.FromContext(ctx); authenticated && id != "" {
+		if len(f.secret) == 0 {
+			f.warnOnce.Do(func() {
+				f.log.WarnContext(ctx, "calls of authenticated clients on shards of other members are not forwarded: "+
+					"this replica has no member secret (-member-secret-file); they answer SHARD_NOT_SERVED")
+			})
+			return nil, false
+		}
+		if !printableASCII(id) {
+			f.log.WarnContext(ctx, "a call is not forwarded: its identity is not printable ASCII, which gRPC metadata cannot carry", "identity", id)
+			return nil, false
+		}
+		md.Set(mdIdentity, id)
+		md.Set(mdMemberSecret, string(f.secret))
+	}
+	return metadata.NewOutgoingContext(ctx, md), true
+}
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// forwardedError is a peer's answer to a forwarded call: already the
+// status the call ends with, passed through toStatus unchanged.
+type forwardedError struct{ st error }
+
+func (e *forwardedError) Error() string { return e.st.Error() }
+
+// forward answers a unary call of the shard core: here (the shard
+// handler) if this replica serves the name's shard, else there (the same
+// RPC) on the member that owns it; see the guarantees above. f may be nil
+// (no forwarding).
+func forward[Req, Resp any](ctx context.Context, f *Forwarder, req Req,
+	here func(context.Context, Req) (Resp, error),
+	there func(coordinatorv1.LockServiceClient, context.Context, Req, ...grpc.CallOption) (Resp, error),
+) (Resp, error) {
+	resp, err := here(ctx, req)
+	var ns *shard.NotServingError
+	if f == nil || !errors.As(err, &ns) || forwarded(ctx) {
+		return resp, err
+	}
+	octx, ok := f.outgoing(ctx)
+	if !ok {
+		return resp, err
+	}
+	for attempt := 0; ; attempt++ {
+		if ns.Addr != "" && ns.Addr != f.self {
+			peer, perr := f.client(ns.Addr)
+			if perr == nil {
+				r, ferr := there(peer, octx, req)
+				if ferr == nil {
+					return r, nil
+				}
+				if !notServedThere(ferr) {
+					return r, &forwardedError{st: ferr}
+				}
+				perr = ferr
+			}
+			f.log.DebugContext(ctx, "forward: the owner did not answer for its shard; re-reading the owner", "shard", ns.Shard, "owner", ns.Owner, "addr", ns.Addr, "err", perr)
+		}
+		if !f.wait(ctx, attempt) {
+			return resp, err
+		}
+		if resp, err = here(ctx, req); !errors.As(err, &ns) {
+			return resp, err
+		}
+	}
+}
+
+// wait sleeps before retry attempt+1, and tells whether to make it: not
+// after forwardRetries, nor past the caller's deadline.
+func (f *Forwarder) wait(ctx context.Context, attempt int) bool {
+	if attempt >= forwardRetries {
+		return false
+	}
+	d := forwardBackoff << attempt
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// notServedThere tells whether a peer's failure says the call was not
+// applied because the shard is not served there: UNAVAILABLE from the
+// transport (no ErrorInfo of ours), or SHARD_NOT_SERVED.
+func notServedThere(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable {
+		return false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == errorDomain {
+			return info.GetReason() == reasonShardNotServed
+		}
+	}
+	return true
+}
+
+var reasonShardNotServed = strings.TrimPrefix(coordinatorv1.ErrorReason_ERROR_REASON_SHARD_NOT_SERVED.String(), "ERROR_REASON_")
+
+// forwarded tells whether the call was forwarded by a peer (it is never
+// forwarded again).
+func forwarded(ctx context.Context) bool {
+	return len(metadata.ValueFromIncomingContext(ctx, mdForwarded)) > 0
+}
+
+// listAcross is List on the shard core: the holders of the shards served
+// here (local), and those of every other shard from its owner, each shard
+// from one member only, sorted by name and token. A forwarded List with
+// "coordinatord-list-local" answers the local part alone and names its
+// shards in the response header; another forwarded List answers only if
+// this replica serves every shard.
+func (s *LockService) listAcross(ctx context.Context, req *coordinatorv1.ListRequest, local func() ([]*coordinatorv1.Holder, []uint32)) ([]*coordinatorv1.Holder, error) {
+	count := s.shards.Ownership().ShardCount()
+	if forwarded(ctx) {
+		hs, served := local()
+		if len(metadata.ValueFromIncomingContext(ctx, mdListLocal)) > 0 {
+			_ = grpc.SetHeader(ctx, metadata.Pairs(mdListShards, string(shardBitmap(served, count))))
+			return hs, nil
+		}
+		if ns := s.uncovered(shardSet(served, count), nil); ns != nil {
+			return nil, ns
+		}
+		return hs, nil
+	}
+	var octx context.Context
+	if s.fwd != nil {
+		octx, _ = s.fwd.outgoing(ctx)
+	}
+	for attempt := 0; ; attempt++ {
+		hs, served := local()
+		covered := shardSet(served, count)
+		peers := s.peersFor(covered)
+		if octx != nil && s.uncovered(covered, peers) == nil {
+			more, err := s.fwd.listFrom(octx, req, slices.Sorted(maps.Keys(peers)), covered)
+			if err != nil {
+				return nil, err
+			}
+			hs = append(hs, more...)
+		}
+		if s.uncovered(covered, nil) == nil {
+			slices.SortStableFunc(hs, func(a, b *coordinatorv1.Holder) int {
+				if c := strings.Compare(a.GetName(), b.GetName()); c != 0 {
+					return c
+				}
+				return cmp.Compare(a.GetToken(), b.GetToken())
+			})
+			return hs, nil
+		}
+		if s.fwd == nil || !s.fwd.wait(ctx, attempt) {
+			return nil, s.uncovered(covered, nil)
+		}
+	}
+}
+
+// peersFor are the addresses of the members that own the shards not
+// covered, in this replica's view (never itself).
+func (s *LockService) peersFor(covered []bool) map[string]bool {
+	peers := map[string]bool{}
+	own := s.shards.Ownership()
+	for n, ok := range covered {
+		if ok {
+			continue
+		}
+		if _, addr, known := own.Owner(uint32(n)); known && addr != "" && (s.fwd == nil || addr != s.fwd.self) {
+			peers[addr] = true
+		}
+	}
+	return peers
+}
+
+// uncovered is the NotServingError of the first shard neither covered nor
+// owned by one of peers (nil peers: the first shard not covered), nil if
+// there is none.
+func (s *LockService) uncovered(covered []bool, peers map[string]bool) *shard.NotServingError {
+	for n, ok := range covered {
+		if ok {
+			continue
+		}
+		id, addr, _ := s.shards.Ownership().Owner(uint32(n))
+		if peers != nil && addr != "" && peers[addr] {
+			continue
+		}
+		return &shard.NotServingError{Shard: uint32(n), Owner: id, Addr: addr,
+			Reason: "List needs every shard, and this one is not served here nor answered for by its owner now"}
+	}
+	return nil
+}
+
+// listFrom asks each peer (in parallel) for the holders of the shards it
+// serves, and keeps those of the shards not covered yet, each shard from
+// the first peer (in the order given) that answered for it; covered grows
+// by them. A peer that is unreachable or serves nothing adds nothing; any
+// other failure of a peer is the answer, unchanged.
+func (f *Forwarder) listFrom(ctx context.Context, req *coordinatorv1.ListRequest, addrs []string, covered []bool) ([]*coordinatorv1.Holder, error) {
+	type answer struct {
+		resp   *coordinatorv1.ListResponse
+		shards []bool
+		err    error
+	}
+	answers := make([]answer, len(addrs))
+	lctx := metadata.AppendToOutgoingContext(ctx, mdListLocal, "1")
+	var wg sync.WaitGroup
+	for i, addr := range addrs {
+		wg.Go(func() {
+			peer, err := f.client(addr)
+			if err != nil {
+				answers[i].err = err
+				return
+			}
+			var header metadata.MD
+			answers[i].resp, answers[i].err = peer.List(lctx, req, grpc.Header(&header))
+			var bitmap []byte
+			if v := header.Get(mdListShards); len(v) == 1 {
+				bitmap = []byte(v[0])
+			}
+			answers[i].shards = shardsOfBitmap(bitmap, len(covered))
+		})
+	}
+	wg.Wait()
+	var out []*coordinatorv1.Holder
+	count := len(covered)
+	for i, a := range answers {
+		if a.err != nil {
+			if notServedThere(a.err) {
+				f.log.DebugContext(ctx, "forward: a member did not answer List; re-reading the owners", "addr", addrs[i], "err", a.err)
+				continue
+			}
+			return nil, &forwardedError{st: a.err}
+		}
+		fresh := make([]bool, count)
+		for n, theirs := range a.shards {
+			fresh[n] = theirs && !covered[n]
+		}
+		for _, h := range a.resp.GetHolders() {
+			if fresh[shard.ShardOf(h.GetName(), count)] {
+				out = append(out, h)
+			}
+		}
+		for n, ok := range fresh {
+			covered[n] = covered[n] || ok
+		}
+	}
+	return out, nil
+}
+
+// shardSet is the shards as a set of count.
+func shardSet(shards []uint32, count int) []bool {
+	set := make([]bool, count)
+	for _, n := range shards {
+		if int(n) < count {
+			set[n] = true
+		}
+	}
+	return set
+}
+
+// shardBitmap is the shards as a bitmap: shard n is bit n%8 of byte n/8.
+func shardBitmap(shards []uint32, count int) []byte {
+	b := make([]byte, (count+7)/8)
+	for _, n := range shards {
+		if int(n) < count {
+			b[n/8] |= 1 << (n % 8)
+		}
+	}
+	return b
+}
+
+// shardsOfBitmap is shardBitmap's bitmap as a set of count.
+func shardsOfBitmap(b []byte, count int) []bool {
+	set := make([]bool, count)
+	for n := range set {
+		set[n] = n/8 < len(b) && b[n/8]&(1<<(n%8)) != 0
+	}
+	return set
+}
+
+// forwardTo makes the service forward calls on shards owned elsewhere (see
+// Forwarder), if it runs the shard core.
+func (s *LockService) forwardTo(secret []byte, dial []grpc.DialOption, log *slog.Logger) {
+	if s.shards != nil && s.fwd == nil {
+		s.fwd = newForwarder(s.shards, secret, dial, log)
+	}
+}
+
+// Close closes the connections to peers (the shard core's forwarding).
+// The coordinator closes it after gRPC has stopped.
+func (s *LockService) Close() error {
+	if s.fwd == nil {
+		return nil
+	}
+	return s.fwd.Close()
+}

@@ -1,0 +1,416 @@
+package shard
+
+// Resource marks on the shard-owner core: ValidateToken with a resource,
+// with the queue core's contract (internal/fence: verdicts, MarkOwnedError,
+// SharedHolderError, TooManyMarksError).
+//
+//   - A mark lives at one global key per resource,
+//     <prefix>shards/marks/<escaped resource>, and a semaphore's per-slot
+//     marks at that key + "/slot/<n>" (an escaped resource holds no '/',
+//     so neither is ever another's). Its value is a markRecord: the lock
+//     it is bound to, the greatest token accepted, and who created it.
+//   - Its only writer is the owner of the shard of the lock it is bound
+//     to: the mark travels with that lock's shard. It is created once, by
+//     a dedicated Txn guarded by that owner's key and by
+//     CreateRevision(mark) == 0 (so of two locks, in two shards, racing to
+//     create it, one wins and the other then reads a mark of another
+//     lock); it is raised by a unit of that shard through the committer,
+//     guarded by the owner key like every write of the shard, in order
+//     with the shard's grants and releases.
+//   - Validation runs on the owner of the lock's shard (calls are routed by
+//     name): under the shard's mutex the table's verdict, then the mark.
+//     A mark that exists is cached per shard (shardState.marks) and read
+//     from etcd (linearizable) only on a miss; the cache is cleared when
+//     the table is dropped, so a new table (a takeover, a reload) reads
+//     every mark again. A mark that does not exist is never cached: another
+//     shard's lock may create it at any time, and only what exists can
+//     never change behind this owner's back (a mark bound to a lock of
+//     this shard changes only here; one bound to another lock only
+//     matters by its binding, which nothing on the shard core moves).
+//   - A valid answer with a token above the mark is given only once the
+//     raised (or created) mark is in etcd.
+//
+// Tokens in marks are wire tokens (keyspace.TokenOf: the epoch above the
+// create revision; the create revision itself while the cluster was never
+// restored), so that a token of an earlier epoch is below every mark of a
+// later one, as on the queue core.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/coordinatord/coordinatord/internal/etcdx"
+	"github.com/coordinatord/coordinatord/internal/fence"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
+	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/locktable"
+)
+
+// MarkCheck is one validation against a resource.
+type MarkCheck struct {
+	Name  string
+	Token int64 // the caller's token, its epoch in the high bits
+	// Epoch is the current token epoch: a token of another holds nothing.
+	Epoch    int64
+	Resource string
+	// Identity is the caller's authenticated identity ("" without
+	// authentication: every unauthenticated caller is one identity). The
+	// marks it creates count against its cap (WithMarkLimit).
+	Identity string
+}
+
+// markEntry is a cached mark: one that exists.
+type markEntry struct {
+	lock    string // the lock it is bound to
+	token   int64  // the greatest token accepted (a wire token)
+	creator string // the creating identity's hash, kept on every raise
+}
+
+// markRecord is a mark's stored value.
+type markRecord struct {
+	Lock    string `json:"lock"`
+	Token   int64  `json:"token"`           // wire token
+	Epoch   int64  `json:"epoch,omitempty"` // Token's epoch, for readers
+	Slot    int32  `json:"slot,omitempty"`
+	PerSlot bool   `json:"perSlot,omitempty"` // a semaphore slot's mark
+	At      int64  `json:"at"`                // unix ns of the last raise (owner's clock)
+	Creator string `json:"ih,omitempty"`      // keyspace.IdentityHash of the creator
+}
+
+// markID names a mark: a resource's own, or one semaphore slot's.
+type markID struct {
+	resource string
+	perSlot  bool
+	slot     int32
+}
+
+// markKey is the etcd key of the mark id names.
+func (o *Owner) markKey(id markID) string {
+	k := o.prefix + "shards/marks/" + keyspace.Escape(id.resource)
+	if id.perSlot {
+		k += "/slot/" + strconv.Itoa(int(id.slot))
+	}
+	return k
+}
+
+// markCountKey counts the marks the identity of hash ih created.
+func (o *Owner) markCountKey(ih string) string { return o.prefix + "shards/markcounts/" + ih }
+
+// markLimit is the cap on one identity's marks (0: none).
+func (o *Owner) markLimit() int64 {
+	if o.cfg.markLimit == nil {
+		return fence.DefaultMarkLimit
+	}
+	return *o.cfg.markLimit
+}
+
+func (e markEntry) record(id markID, at time.Time) string {
+	ep, _ := keyspace.SplitToken(e.token)
+	b, _ := json.Marshal(markRecord{Lock: e.lock, Token: e.token, Epoch: ep, Slot: id.slot, PerSlot: id.perSlot,
+		At: at.UnixNano(), Creator: e.creator}) // plain fields: cannot fail
+	return string(b)
+}
+
+// decodeMark is the entry of a stored mark; a foreign value reads as a
+// zero mark bound to no lock (every lock is refused, as on the queue core).
+func decodeMark(v []byte) markEntry {
+	var r markRecord
+	_ = json.Unmarshal(v, &r)
+	return markEntry{lock: r.Lock, token: r.Token, creator: r.Creator}
+}
+
+// cacheMark records e as the mark at key (under s.mu), unless the cache
+// holds a greater token already.
+func (s *shardState) cacheMark(key string, e markEntry) {
+	if old, ok := s.marks[key]; ok && old.lock == e.lock && old.token >= e.token {
+		return
+	}
+	if s.marks == nil {
+		s.marks = map[string]markEntry{}
+	}
+	s.marks[key] = e
+}
+
+// markRead is a read of a mark from etcd, for the table generation gen.
+type markRead struct {
+	key    string
+	gen    uint64
+	exists bool
+	entry  markEntry
+}
+
+// markPlan is what one decision under the shard's mutex leaves to do.
+type markPlan struct {
+	verdict fence.Verdict
+	err     error
+	done    bool // answer verdict, err
+	key     string
+	gen     uint64
+	term    int64
+	read    bool         // read the mark from etcd, then decide again
+	create  *markEntry   // create the mark (no mark yet): createMark
+	raised  <-chan error // a raise was submitted: its outcome
+	id      markID
+}
+
+// testHookBeforeCreate, if set, runs just before a mark's creating Txn
+// (tests make two creations race there).
+var testHookBeforeCreate func()
+
+// maxMarkAttempts bounds the decisions of one validation: each further one
+// follows a read (one per table generation), or a creation lost to another
+// (a lock of another shard took the resource: answered next; or the same
+// identity created another mark on another replica: progress, bounded by
+// its cap).
+const maxMarkAttempts = 64
+
+// ValidateResource judges c.Token for c.Name against c.Resource's mark, as
+// fence.Validator.Validate does on the queue core: a token below the mark
+// is Fenced; a mark bound to another lock refuses with a
+// *fence.MarkOwnedError, a reader's token with a *fence.SharedHolderError;
+// a current token above the mark raises it (creating it counts against
+// the caller's cap: *fence.TooManyMarksError beyond) before the answer.
+// The verdict's CurrentToken is a create revision (as Validate's), its
+// Mark a wire token. A shard not served here: *NotServingError.
+func (o *Owner) ValidateResource(ctx context.Context, c MarkCheck) (fence.Verdict, error) {
+	s := o.shards[o.ShardOf(c.Name)]
+	var read markRead
+	for range maxMarkAttempts {
+		if err := ctx.Err(); err != nil {
+			return fence.Verdict{}, err
+		}
+		s.mu.Lock()
+		p := o.decideMark(s, c, read)
+		s.mu.Unlock()
+		switch {
+		case p.done:
+			return p.verdict, p.err
+		case p.raised != nil:
+			select {
+			case err := <-p.raised:
+				if err != nil {
+					return fence.Verdict{}, err
+				}
+				return p.verdict, nil
+			case <-ctx.Done():
+				return fence.Verdict{}, ctx.Err()
+			}
+		case p.create != nil:
+			v, r, err := o.createMark(ctx, s, c, p)
+			if err != nil || r == nil {
+				return v, err
+			}
+			read = *r // the mark exists now, or the count moved: decide again
+		case p.read:
+			r, err := o.cli.Get(ctx, p.key)
+			if err != nil {
+				return fence.Verdict{}, markErr(ctx, "read mark", err)
+			}
+			read = markRead{key: p.key, gen: p.gen}
+			if len(r.Kvs) > 0 {
+				read.exists, read.entry = true, decodeMark(r.Kvs[0].Value)
+			}
+		}
+	}
+	return fence.Verdict{}, fmt.Errorf("%w: too much contention on the mark of resource %q; retry", lease.ErrUnavailable, c.Resource)
+}
+
+// decideMark is one decision under s.mu: the table's verdict, then the
+// mark (cached, or the read if it is of this table), and what to do.
+func (o *Owner) decideMark(s *shardState, c MarkCheck, read markRead) markPlan {
+	if err := o.serving(s); err != nil {
+		return markPlan{done: true, err: err}
+	}
+	te, rev := keyspace.SplitToken(c.Token)
+	inEpoch := te == c.Epoch
+	v := s.tab.Validate(c.Name, rev)
+	var hold locktable.Hold
+	if inEpoch {
+		hold = s.tab.HoldOf(c.Name, rev)
+	} else { // a token of another epoch holds nothing now
+		v = locktable.Verdict{Reason: locktable.Superseded, CurrentToken: v.CurrentToken}
+		if v.CurrentToken == 0 {
+			v.Reason = locktable.NotHeldNow
+		}
+	}
+	id := markID{resource: c.Resource}
+	oldest := hold.Oldest
+	switch {
+	case v.Valid && hold.Holder.Shared:
+		return markPlan{done: true, err: &fence.SharedHolderError{Name: c.Name, Resource: c.Resource, Token: c.Token}}
+	case v.Valid && hold.Holder.Limit > 1:
+		id.perSlot, id.slot = true, hold.Holder.Slot
+	case !v.Valid && oldest.Token != 0 && (oldest.Shared || oldest.Limit > 1) && rev >= oldest.Token:
+		// As the queue core: a token at or after the oldest holder of a
+		// readers' or a semaphore's queue that holds nothing is judged
+		// among the holders, without a mark (whose slot it had is unknown).
+		return markPlan{done: true, verdict: judgeMark(c.Token, rev, v, 0)}
+	}
+	key := o.markKey(id)
+	m, exists := s.marks[key]
+	if !exists && read.key == key && read.gen == s.gen {
+		if m, exists = read.entry, read.exists; exists {
+			s.cacheMark(key, m)
+			m = s.marks[key]
+		}
+	} else if !exists {
+		return markPlan{read: true, key: key, gen: s.gen}
+	}
+	if exists && m.lock != c.Name {
+		return markPlan{done: true, err: &fence.MarkOwnedError{Resource: c.Resource, Lock: c.Name, Owner: m.lock}}
+	}
+	verdict := judgeMark(c.Token, rev, v, m.token)
+	if !verdict.Valid || c.Token == m.token {
+		return markPlan{done: true, verdict: verdict} // refused, or the same holder again: nothing to write
+	}
+	next := markEntry{lock: c.Name, token: c.Token, creator: m.creator}
+	if !exists {
+		next.creator = keyspace.IdentityHash(c.Identity)
+		return markPlan{create: &next, verdict: verdict, key: key, gen: s.gen, term: s.term, id: id}
+	}
+	ch := make(chan error, 1)
+	ops := []Op{{Key: key, Value: next.record(id, o.clock.Now()), Conflict: key}}
+	o.submitOwn(s, ops, func(_ int64, err error, current bool) {
+		if err == nil && current {
+			s.cacheMark(key, next)
+		}
+		ch <- err
+	})
+	verdict.Mark = c.Token
+	return markPlan{raised: ch, verdict: verdict}
+}
+
+// judgeMark is the verdict for token (of revision rev) given the table's
+// verdict v and the mark (0: none), as fence's judge: below the mark is
+// Fenced whatever the lock's state.
+func judgeMark(token, rev int64, v locktable.Verdict, mark int64) fence.Verdict {
+	switch {
+	case token < mark:
+		return fence.Verdict{Reason: fence.Fenced, CurrentToken: v.CurrentToken, Mark: mark}
+	case v.Valid:
+		return fence.Verdict{Valid: true, Reason: fence.Current, CurrentToken: rev, Mark: mark}
+	case v.Reason == locktable.Superseded:
+		return fence.Verdict{Reason: fence.Superseded, CurrentToken: v.CurrentToken, Mark: mark}
+	}
+	return fence.Verdict{Reason: fence.NotHeld, CurrentToken: v.CurrentToken, Mark: mark}
+}
+
+// createMark creates the resource's first mark, p.create, in a Txn of its
+// own guarded by the owner key (the term p was decided in), by the mark's
+// absence and by the creator's count, which it raises (the cap is exact
+// across replicas and shards). It answers (verdict or error), or returns
+// the read to decide again with (the mark exists now, or the count
+// moved).
+func (o *Owner) createMark(ctx context.Context, s *shardState, c MarkCheck, p markPlan) (fence.Verdict, *markRead, error) {
+	next := *p.create
+	release, err := o.creating.acquire(ctx, next.creator)
+	if err != nil {
+		return fence.Verdict{}, nil, err
+	}
+	defer release()
+	countKey := o.markCountKey(next.creator)
+	r, err := o.cli.Txn(ctx).Then(clientv3.OpGet(p.key), clientv3.OpGet(countKey)).Commit()
+	if err != nil {
+		return fence.Verdict{}, nil, markErr(ctx, "read mark count", err)
+	}
+	if kvs := r.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 { // created while this one waited its turn
+		return fence.Verdict{}, &markRead{key: p.key, gen: p.gen, exists: true, entry: decodeMark(kvs[0].Value)}, nil
+	}
+	var n, countMR int64
+	if kvs := r.Responses[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		n, _ = strconv.ParseInt(string(kvs[0].Value), 10, 64) // only this code writes it
+		countMR = kvs[0].ModRevision
+	}
+	if limit := o.markLimit(); limit > 0 && n >= limit {
+		return fence.Verdict{}, nil, &fence.TooManyMarksError{Count: n, Limit: limit}
+	}
+	ownerKey, term, ok := o.own.Guard(s.n)
+	if !ok || term != p.term {
+		return fence.Verdict{}, nil, o.lostDuringCall(s)
+	}
+	if testHookBeforeCreate != nil {
+		testHookBeforeCreate()
+	}
+	tr, err := o.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(ownerKey), "=", term),
+		clientv3.Compare(clientv3.CreateRevision(p.key), "=", 0),
+		clientv3.Compare(clientv3.ModRevision(countKey), "=", countMR),
+	).Then(
+		clientv3.OpPut(p.key, next.record(p.id, o.clock.Now())),
+		clientv3.OpPut(countKey, strconv.FormatInt(n+1, 10)),
+	).Else(
+		clientv3.OpGet(ownerKey),
+		clientv3.OpGet(p.key),
+	).Commit()
+	if err != nil {
+		return fence.Verdict{}, nil, markErr(ctx, "create mark", err)
+	}
+	if tr.Succeeded {
+		s.mu.Lock()
+		if s.gen == p.gen {
+			s.cacheMark(p.key, next)
+		}
+		s.mu.Unlock()
+		v := p.verdict
+		v.Mark = next.token
+		return v, nil, nil
+	}
+	if kvs := tr.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != term {
+		return fence.Verdict{}, nil, o.lostDuringCall(s)
+	}
+	read := &markRead{key: p.key, gen: p.gen}
+	if kvs := tr.Responses[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		read.exists, read.entry = true, decodeMark(kvs[0].Value)
+	}
+	return fence.Verdict{}, read, nil
+}
+
+// lostDuringCall refuses a call whose shard this replica stopped owning
+// while it ran; nothing was written, so it is safe to retry (on the new
+// owner).
+func (o *Owner) lostDuringCall(s *shardState) error {
+	return &NotServingError{Shard: s.n, Reason: "this member lost the shard during the call; nothing was written"}
+}
+
+// markErr is an etcd error of a mark's read or write, or ctx's.
+func markErr(ctx context.Context, op string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return etcdx.Classify("shard: "+op, err)
+}
+
+// markCreators serialises, within one replica, the creations of marks by
+// one identity (as fence's creators): they all compare and raise one
+// counter, so concurrent ones would mostly lose and retry. Identities are
+// striped over a fixed set of slots.
+type markCreators struct {
+	once  sync.Once
+	slots [64]chan struct{}
+}
+
+// acquire takes the slot of the identity of hash ih, or fails when ctx
+// ends first.
+func (c *markCreators) acquire(ctx context.Context, ih string) (release func(), err error) {
+	c.once.Do(func() {
+		for i := range c.slots {
+			c.slots[i] = make(chan struct{}, 1)
+		}
+	})
+	h := fnv.New32a()
+	h.Write([]byte(ih))
+	slot := c.slots[h.Sum32()%uint32(len(c.slots))]
+	select {
+	case slot <- struct{}{}:
+		return func() { <-slot }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
