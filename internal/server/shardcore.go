@@ -2,11 +2,14 @@ package server
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/authz"
+	"github.com/coordinatord/coordinatord/internal/epoch"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/locktable"
@@ -94,11 +97,34 @@ func (s *LockService) acquireHere(ctx context.Context, req *coordinatorv1.Acquir
 	if err != nil {
 		return nil, err
 	}
+	if err := s.epochHeld(ctx, e, g, c.Caller); err != nil {
+		return nil, err
+	}
 	return &coordinatorv1.AcquireResponse{
 		Token: wireToken(e, g.Token), Handle: g.Handle, Ttl: durationpb.New(g.TTL),
 		ExpiresAt: timestamp(g.ExpiresAt), SafeUntil: timestamp(g.ExpiresAt.Add(-lease.SafetyMargin(g.TTL))),
 		AcquiredAt: timestamp(g.AcquiredAt), Resumed: g.Resumed, Slot: g.Slot, Mode: modePB(g.Shared),
 	}, nil
+}
+
+// epochHeld checks that the token epoch is still e after a grant: one made
+// while the epoch paused or changed may stand on a history etcd lost, so it
+// is given up (by its own handle) rather than left to hold the lock until
+// its TTL while the caller retries, and the call answers EPOCH_PAUSED.
+func (s *LockService) epochHeld(ctx context.Context, e int64, g *locktable.Grant, caller string) error {
+	after, err := s.epoch(ctx)
+	if err == nil && after != e {
+		err = &epoch.PausedError{Reason: fmt.Sprintf("the token epoch changed from %d to %d during the call", e, after)}
+	}
+	if err == nil {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, rerr := s.shards.Release(rctx, g.Name, g.Token, g.Handle, caller); rerr != nil {
+		s.log.WarnContext(ctx, "a grant made while the token epoch paused was not released; it ends with its TTL", "name", g.Name, "err", rerr)
+	}
+	return err
 }
 
 // forever is the wait of an Acquire without one: its deadline ends it.
@@ -111,6 +137,9 @@ func (s *LockService) releaseHere(ctx context.Context, req *coordinatorv1.Releas
 		return &coordinatorv1.ReleaseResponse{}, err
 	}
 	ok, err := s.shards.Release(ctx, req.GetName(), rev, req.GetHandle(), callerOf(ctx))
+	if err == nil {
+		err = s.unchanged(ctx, req.GetToken())
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -127,6 +156,9 @@ func (s *LockService) keepAliveHere(ctx context.Context, req *coordinatorv1.Keep
 		return nil, err
 	}
 	r, err := s.shards.KeepAlive(ctx, req.GetName(), rev, req.GetHandle(), callerOf(ctx))
+	if err == nil {
+		err = s.unchanged(ctx, req.GetToken())
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/coordinatord/coordinatord/internal/epoch"
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/shard"
 )
 
 // pausingEpochs is epoch 0 whose n-th call answers paused.
@@ -41,10 +42,19 @@ func (*pausingEpochs) Changed(int64) <-chan struct{} { return nil }
 // gives the grant up: the retry is granted at once instead of waiting for
 // the orphan's TTL (the epoch restore tests saw such retries time out).
 func TestAcquirePausedMidCallLeavesNoGrant(t *testing.T) {
+	for _, core := range cores {
+		t.Run(core, func(t *testing.T) { acquirePausedMidCall(t, core) })
+	}
+}
+
+// cores are the lock cores the epoch tests run on.
+var cores = []string{"queue", "shard"}
+
+func acquirePausedMidCall(t *testing.T, core string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	svc, ep := pausingService(t, ctx)
-	ep.pauseAt.Store(2) // the check after the grant
+	svc, ep := pausingService(t, ctx, core)
+	ep.pauseAt.Store(ep.calls.Load() + 2) // the check after the grant
 	req := &coordinatorv1.AcquireRequest{Name: "l", Ttl: durationpb.New(30 * time.Second), Wait: durationpb.New(0)}
 	_, err := svc.Acquire(ctx, req)
 	if status.Code(err) != codes.Unavailable || reasonOf(err) != "EPOCH_PAUSED" {
@@ -56,9 +66,9 @@ func TestAcquirePausedMidCallLeavesNoGrant(t *testing.T) {
 	}
 }
 
-// pausingService is a LockService over a fresh embedded etcd whose epoch
-// pauses as its pausingEpochs says (stopped at the test's end).
-func pausingService(t *testing.T, ctx context.Context) (*LockService, *pausingEpochs) {
+// pausingService is a LockService on core over a fresh embedded etcd whose
+// epoch pauses as its pausingEpochs says (stopped at the test's end).
+func pausingService(t *testing.T, ctx context.Context, core string) (*LockService, *pausingEpochs) {
 	t.Helper()
 	e, err := embedetcd.Start(ctx, t.TempDir(), embedetcd.WithFastElection())
 	if err != nil {
@@ -76,7 +86,26 @@ func pausingService(t *testing.T, ctx context.Context) (*LockService, *pausingEp
 	}
 	t.Cleanup(mgr.Close)
 	ep := &pausingEpochs{}
-	return NewLockService(mgr, fence.New(cli, mgr.Keyspace()), nil, nil, WithEpochs(ep)), ep
+	opts := []ServiceOption{WithEpochs(ep)}
+	if core == "shard" {
+		own, err := shard.NewOwner(ctx, cli, "/paused/", shard.WithShards(8), shard.WithLeaseTTL(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer ccancel()
+			own.Close(cctx)
+		})
+		for own.Status().Serving < 8 {
+			if ctx.Err() != nil {
+				t.Fatalf("the shard core serves %d of 8 shards", own.Status().Serving)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		opts = append(opts, WithShardCore(own))
+	}
+	return NewLockService(mgr, fence.New(cli, mgr.Keyspace()), nil, nil, opts...), ep
 }
 
 func reasonOf(err error) string {
@@ -96,9 +125,15 @@ func reasonOf(err error) string {
 // released=true for a token superseded before the restore). Neither call
 // answers its success across the pause: UNAVAILABLE, EPOCH_PAUSED.
 func TestReleaseAndRenewalPausedMidCallAnswerUnavailable(t *testing.T) {
+	for _, core := range cores {
+		t.Run(core, func(t *testing.T) { releaseAndRenewalPausedMidCall(t, core) })
+	}
+}
+
+func releaseAndRenewalPausedMidCall(t *testing.T, core string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	svc, ep := pausingService(t, ctx)
+	svc, ep := pausingService(t, ctx, core)
 	for _, tc := range []struct {
 		name string
 		call func(g *coordinatorv1.AcquireResponse) error
