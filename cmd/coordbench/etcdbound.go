@@ -39,7 +39,7 @@ func (b *bench) runEtcdBound(progress func(result), rotate func([]string, int) [
 		b.skipped = append(b.skipped, fmt.Sprintf("the etcd-bound scenario: this process may run on %d CPU, it needs 2 (etcd on one, the rest on the other)", len(cpus)))
 		return nil
 	}
-	second, err := startChild(roleCoordinator, "-etcd", b.etcd.addr)
+	second, err := startChild(roleCoordinator, "-etcd", b.etcd.addr, "-core", b.cfg.core)
 	if err != nil {
 		return fmt.Errorf("etcd-bound: second coordinatord: %w", err)
 	}

@@ -98,7 +98,7 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&c.profileDir, "profile-dir", "", "if set, CPU profiles of coordinatord and etcd during the first repetition of each uncontended cell (coordinatord and Mutex), contended and validate cell (coordinatord) are written here")
 	fs.BoolVar(&c.whatif, "whatif", false, "also run three what-if systems in the uncontended scenario: coordinatord's etcd recipe done directly by the client (today's; with a reused lease and delete-on-release; and that with group commit)")
 	fs.StringVar(&c.dataDir, "data-dir", "", "etcd data directory (default: a new temporary directory, removed at the end)")
-	fs.StringVar(&c.core, "core", "queue", "coordinatord's lock core: queue or shard (the shard-owner core; its replicas do not forward yet, so etcdbound, which runs two replicas, needs queue)")
+	fs.StringVar(&c.core, "core", "queue", "coordinatord's lock core: queue or shard (the shard-owner core; in etcdbound its two replicas split the shards and forward to each other)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}

@@ -277,6 +277,7 @@ func (rp *report) markdown() string {
 	}
 	w("## coordbench run\n\n")
 	w("- command: `%s` (%s, %v in all)\n", cmd, time.Now().UTC().Format("2006-01-02 15:04 UTC"), rp.elapsed.Round(time.Second))
+	w("- coordinatord's lock core: %s\n", coreName(rp.cfg.core))
 	w("- machine: %d CPUs (%s), %s memory, %s/%s, %s, etcd %s (a plain etcd: embed.NewConfig defaults, single member, in its own process, the same for every system)\n",
 		runtime.NumCPU(), cpuModel(), memTotal(), runtime.GOOS, runtime.GOARCH, runtime.Version(), version.Version)
 	w("- load average (1, 5, 15 min) at the start: %s; at the end: %s\n", rp.load[0], rp.load[1])
@@ -438,4 +439,12 @@ func (rp *report) chart() string {
 	p(`<text x="%d" y="%d" fill="#555">%s</text>`+"\n", 10, height-8, html.EscapeString(fmt.Sprintf("%d CPUs, %s, etcd %s; %d reps x %v; median of each side", runtime.NumCPU(), runtime.Version(), version.Version, rp.cfg.reps, rp.cfg.duration)))
 	p("</svg>\n")
 	return s.String()
+}
+
+// coreName describes a -core value for the report.
+func coreName(core string) string {
+	if core == "shard" {
+		return "shard (the shard-owner core: locks decided in memory by the owner of each shard, one guarded group commit)"
+	}
+	return "queue (every lock's queue kept in etcd)"
 }
