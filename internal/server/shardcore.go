@@ -21,8 +21,9 @@ import (
 // in marksshard.go), Describe, List, ForceRelease and Hold (holdshard.go)
 // are decided by the owner of the name's shard in memory (internal/shard,
 // internal/locktable), forwarded there from any other replica (forward.go;
-// a Hold stream is not forwarded yet). The calls not ported yet (Watch,
-// sessions, the marks' admin calls) answer UNIMPLEMENTED with the reason
+// a Hold stream is not forwarded yet). Watch (watchshard.go) follows
+// etcd's history of the grant keys on any replica. The calls not ported
+// yet (sessions, the marks' admin calls) answer UNIMPLEMENTED with the reason
 // NOT_ON_SHARD_CORE rather than reach the queue core, whose locks the
 // shard core cannot see.
 

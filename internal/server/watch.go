@@ -26,7 +26,7 @@ var watchKinds = map[lease.EventKind]coordinatorv1.WatchResponse_Kind{
 // changes, end with *epoch.ChangedError (OUT_OF_RANGE: start over).
 func (s *LockService) Watch(req *coordinatorv1.WatchRequest, stream coordinatorv1.LockService_WatchServer) error {
 	if s.shards != nil {
-		return s.fail(stream.Context(), "Watch", errNotOnShardCore("Watch"))
+		return s.watchOnShards(req, stream) // watchshard.go
 	}
 	ctx := stream.Context()
 	e, err := s.epoch(ctx)
