@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -413,5 +414,273 @@ func TestShardMarkCachedValidationWritesNothing(t *testing.T) {
 	}
 	if r := e.rev(); r != rev {
 		t.Fatalf("50 validations at the mark moved etcd from revision %d to %d", rev, r)
+	}
+}
+
+// shardMarksUnder lists the shard core's marks of one resource (its escaped
+// name esc): the resource's own key and its per-slot keys, by key (under
+// shardMarkKeys) with the lock each is bound to and its token.
+func (e *env) shardMarksUnder(esc string) map[string]struct {
+	Lock  string
+	Token int64
+} {
+	e.t.Helper()
+	r, err := e.cli.Get(context.Background(), shardMarkKeys+esc, clientv3.WithPrefix())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[string]struct {
+		Lock  string
+		Token int64
+	}{}
+	for _, kv := range r.Kvs {
+		k := strings.TrimPrefix(string(kv.Key), shardMarkKeys)
+		if k != esc && !strings.HasPrefix(k, esc+"/slot/") {
+			continue // another resource's, whose name esc prefixes
+		}
+		var m struct {
+			Lock  string `json:"lock"`
+			Token int64  `json:"token"`
+		}
+		if err := json.Unmarshal(kv.Value, &m); err != nil {
+			e.t.Fatal(err)
+		}
+		out[k] = struct {
+			Lock  string
+			Token int64
+		}{m.Lock, m.Token}
+	}
+	return out
+}
+
+// shardMarkIdentities is an env on the shard core with marksPolicy's two
+// identities: team-a (locks a/...) and team-b (locks b/...), who share the
+// resources shared/...; it returns a client of each.
+func shardMarkIdentities(t *testing.T) (e *env, a, b coordinatorv1.LockServiceClient) {
+	t.Helper()
+	store, _ := authStore(t, marksPolicy, "ops", "team-a", "team-b")
+	e = newShardMarkEnv(t, []server.Option{authOption(store)})
+	as := func(id string) coordinatorv1.LockServiceClient {
+		return e.dialWith(plaintext(), grpc.WithPerRPCCredentials(bearer("tok-"+id)))
+	}
+	return e, as("team-a"), as("team-b")
+}
+
+// validateAs is ValidateToken with a resource by the client lc.
+func validateAs(t *testing.T, lc coordinatorv1.LockServiceClient, name string, token int64, res string) (*coordinatorv1.ValidateTokenResponse, error) {
+	t.Helper()
+	return lc.ValidateToken(ctxT(t, 20*time.Second), &coordinatorv1.ValidateTokenRequest{Name: name, Token: token, Resource: res})
+}
+
+// acquireAs is an Acquire by the client lc that fails the test on an error.
+func acquireAs(t *testing.T, lc coordinatorv1.LockServiceClient, req *coordinatorv1.AcquireRequest) *coordinatorv1.AcquireResponse {
+	t.Helper()
+	g, err := lc.Acquire(ctxT(t, 20*time.Second), req)
+	if err != nil {
+		t.Fatalf("acquire %q: %v", req.GetName(), err)
+	}
+	return g
+}
+
+// A semaphore cannot get around a mutex's mark: identity A's mutex fences
+// a resource; identity B's semaphore's holders validating with it are
+// refused MARK_OWNED_BY_OTHER_LOCK (valid false), and nothing is written
+// under the resource's marks (no per-slot mark of B's).
+func TestShardMarkSemaphoreRefusedOnAMutexResource(t *testing.T) {
+	e, a, b := shardMarkIdentities(t)
+	const lockA, semB, res, esc = "a/lockA", "b/semB", "shared/r1", "shared%2Fr1"
+	ga := acquireAs(t, a, &coordinatorv1.AcquireRequest{Name: lockA, Ttl: dur(time.Minute)})
+	if v, err := validateAs(t, a, lockA, ga.Token, res); err != nil || !v.Valid {
+		t.Fatalf("A's mutex fences %q: %v, %v", res, v, err)
+	}
+	holders := []*coordinatorv1.AcquireResponse{acquireAs(t, b, semReq(semB, 2, time.Minute)), acquireAs(t, b, semReq(semB, 2, time.Minute))}
+	rev := e.rev()
+	for _, g := range holders {
+		for range 2 { // the second one decides from what the first left cached
+			v, err := validateAs(t, b, semB, g.Token, res)
+			expectRefusal(t, fmt.Sprintf("B's semaphore holder (slot %d) on A's resource", g.Slot), err, codes.FailedPrecondition, "MARK_OWNED_BY_OTHER_LOCK")
+			if v.GetValid() {
+				t.Fatalf("B's semaphore holder answered valid: %v", v)
+			}
+			if l := errorInfo(err).GetMetadata()["lock"]; l != lockA {
+				t.Fatalf("refusal names lock %q, want %q", l, lockA)
+			}
+		}
+	}
+	if n := e.countPrefix(shardMarkKeys + esc + "/slot/"); n != 0 {
+		t.Fatalf("%d per-slot marks of %q written for B's semaphore, want none", n, res)
+	}
+	if m, l := e.shardMark(esc); m != ga.Token || l != lockA {
+		t.Fatalf("mark of %q = %d of %q, want A's %d of %q", res, m, l, ga.Token, lockA)
+	}
+	if r := e.rev(); r != rev {
+		t.Fatalf("B's refused validations wrote: revision %d -> %d", rev, r)
+	}
+	if v, err := validateAs(t, a, lockA, ga.Token, res); err != nil || !v.Valid {
+		t.Fatalf("A after B's refusals: %v, %v", v, err)
+	}
+}
+
+// The reverse: a semaphore's holder fences a resource first (a per-slot
+// mark); another identity's mutex validating with it is refused
+// MARK_OWNED_BY_OTHER_LOCK and writes nothing.
+func TestShardMarkMutexRefusedOnASemaphoreResource(t *testing.T) {
+	e, a, b := shardMarkIdentities(t)
+	const lockA, semB, res, esc = "a/lockA", "b/semB", "shared/r2", "shared%2Fr2"
+	gb := acquireAs(t, b, semReq(semB, 2, time.Minute))
+	if v, err := validateAs(t, b, semB, gb.Token, res); err != nil || !v.Valid {
+		t.Fatalf("B's semaphore holder fences %q: %v, %v", res, v, err)
+	}
+	before := e.shardMarksUnder(esc)
+	if m, ok := before[fmt.Sprintf("%s/slot/%d", esc, gb.Slot)]; !ok || m.Lock != semB || m.Token != gb.Token {
+		t.Fatalf("marks of %q after B: %v, want slot %d's at %d of %q", res, before, gb.Slot, gb.Token, semB)
+	}
+	ga := acquireAs(t, a, &coordinatorv1.AcquireRequest{Name: lockA, Ttl: dur(time.Minute)})
+	rev := e.rev()
+	for range 2 {
+		v, err := validateAs(t, a, lockA, ga.Token, res)
+		expectRefusal(t, "A's mutex on B's semaphore's resource", err, codes.FailedPrecondition, "MARK_OWNED_BY_OTHER_LOCK")
+		if v.GetValid() {
+			t.Fatalf("A's mutex answered valid: %v", v)
+		}
+		if l := errorInfo(err).GetMetadata()["lock"]; l != semB {
+			t.Fatalf("refusal names lock %q, want %q", l, semB)
+		}
+	}
+	if after := e.shardMarksUnder(esc); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("marks of %q changed by A's refused validations: %v -> %v", res, before, after)
+	}
+	if r := e.rev(); r != rev {
+		t.Fatalf("A's refused validations wrote: revision %d -> %d", rev, r)
+	}
+	if v, err := validateAs(t, b, semB, gb.Token, res); err != nil || !v.Valid {
+		t.Fatalf("B after A's refusals: %v, %v", v, err)
+	}
+}
+
+// A semaphore's holders in slots 0 and 1 both fence one resource: one
+// binding (the resource's own key, bound to the semaphore, token 0) and
+// two per-slot marks; the next holder of slot 0 raises its slot's mark and
+// the former holder of slot 0 is refused (superseded).
+func TestShardMarkSemaphoreSlotsShareOneBinding(t *testing.T) {
+	e := newShardMarkEnv(t, nil)
+	const sem, res = "sem", "db3"
+	g0, g1 := e.acquireSem(sem, 2), e.acquireSem(sem, 2)
+	if g0.Slot != 0 || g1.Slot != 1 {
+		t.Fatalf("slots %d, %d, want 0, 1", g0.Slot, g1.Slot)
+	}
+	for _, g := range []*coordinatorv1.AcquireResponse{g0, g1} {
+		e.expectReason(sem, g.Token, res, current)
+	}
+	marks := e.shardMarksUnder(res)
+	if len(marks) != 3 || marks[res].Lock != sem || marks[res].Token != 0 ||
+		marks[res+"/slot/0"].Lock != sem || marks[res+"/slot/0"].Token != g0.Token ||
+		marks[res+"/slot/1"].Lock != sem || marks[res+"/slot/1"].Token != g1.Token {
+		t.Fatalf("marks of %q: %v, want a binding to %q (token 0) and slot 0 at %d, slot 1 at %d", res, marks, sem, g0.Token, g1.Token)
+	}
+	if !e.release(sem, g0.Token, g0.Handle) {
+		t.Fatal("release of slot 0's holder answered false")
+	}
+	next := e.acquireSem(sem, 2)
+	if next.Slot != 0 {
+		t.Fatalf("next holder in slot %d, want 0", next.Slot)
+	}
+	e.expectReason(sem, next.Token, res, current)
+	e.expectReason(sem, g1.Token, res, current)
+	// The former holder of slot 0 holds nothing, so its slot is unknown: it
+	// is judged against the resource's own key, the binding (token 0), and
+	// refused as superseded, as before the binding existed.
+	e.expectReason(sem, g0.Token, res, superseded)
+	if m := e.shardMarksUnder(res); len(m) != 3 || m[res+"/slot/0"].Token != next.Token || m[res].Token != 0 {
+		t.Fatalf("marks of %q: %v", res, m)
+	}
+}
+
+// acquireSem acquires a holder of the semaphore name of limit n.
+func (e *env) acquireSem(name string, n int32) *coordinatorv1.AcquireResponse {
+	e.t.Helper()
+	g, err := e.lc.Acquire(ctxT(e.t, 20*time.Second), semReq(name, n, time.Minute))
+	if err != nil {
+		e.t.Fatalf("acquire semaphore %q: %v", name, err)
+	}
+	return g
+}
+
+// A mutex and a semaphore (two identities, locks in different shards)
+// race from many goroutines to create one resource's marks: exactly one
+// lock owns everything under the resource's marks; every validation of the
+// owner is valid, every one of the other refused MARK_OWNED_BY_OTHER_LOCK.
+func TestShardMarkMutexAndSemaphoreRace(t *testing.T) {
+	e, a, b := shardMarkIdentities(t)
+	const res, esc = "shared/race", "shared%2Frace"
+	lockA, semB := "a/lockA", ""
+	for i := 0; semB == ""; i++ {
+		if n := fmt.Sprintf("b/semB-%d", i); shard.ShardOf(n, shardMarkShards) != shard.ShardOf(lockA, shardMarkShards) {
+			semB = n
+		}
+	}
+	ga := acquireAs(t, a, &coordinatorv1.AcquireRequest{Name: lockA, Ttl: dur(time.Minute)})
+	gb0, gb1 := acquireAs(t, b, semReq(semB, 2, time.Minute)), acquireAs(t, b, semReq(semB, 2, time.Minute))
+	type holder struct {
+		lc    coordinatorv1.LockServiceClient
+		lock  string
+		token int64
+	}
+	holders := []holder{{a, lockA, ga.Token}, {b, semB, gb0.Token}, {b, semB, gb1.Token}, {a, lockA, ga.Token}}
+	const per = 12
+	var (
+		wg             sync.WaitGroup
+		mu             sync.Mutex
+		valid, refused = map[string]int{}, map[string]int{}
+		start          = make(chan struct{})
+	)
+	for i := range len(holders) * per {
+		h := holders[i%len(holders)]
+		wg.Go(func() {
+			<-start
+			v, err := validateAs(t, h.lc, h.lock, h.token, res)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil && v.Valid:
+				valid[h.lock]++
+			case code(err) == codes.FailedPrecondition && errorInfo(err).GetReason() == "MARK_OWNED_BY_OTHER_LOCK":
+				refused[h.lock]++
+			default:
+				t.Errorf("validate %s token %d: %v, %v", h.lock, h.token, v, err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	marks := e.shardMarksUnder(esc)
+	owner, ok := marks[esc]
+	if !ok {
+		t.Fatalf("no mark at the resource's own key: %v", marks)
+	}
+	other := lockA
+	if owner.Lock == lockA {
+		other = semB
+	}
+	for k, m := range marks {
+		if m.Lock != owner.Lock {
+			t.Fatalf("two locks own marks of %q: %s of %q, and %q owns the resource's key (%v)", res, k, m.Lock, owner.Lock, marks)
+		}
+	}
+	t.Logf("%q owns %q: marks %v", owner.Lock, res, marks)
+	want := 2 * per
+	if valid[owner.Lock] != want || refused[other] != want || valid[other] != 0 || refused[owner.Lock] != 0 {
+		t.Fatalf("owner %q: valid %v, refused %v (marks %v)", owner.Lock, valid, refused, marks)
+	}
+	switch owner.Lock {
+	case lockA:
+		if len(marks) != 1 || owner.Token != ga.Token {
+			t.Fatalf("the mutex owns %q: marks %v, want its one mark at %d", res, marks, ga.Token)
+		}
+	case semB:
+		if len(marks) != 3 || owner.Token != 0 || marks[fmt.Sprintf("%s/slot/%d", esc, gb0.Slot)].Token != gb0.Token ||
+			marks[fmt.Sprintf("%s/slot/%d", esc, gb1.Slot)].Token != gb1.Token {
+			t.Fatalf("the semaphore owns %q: marks %v, want a binding and its two slots' marks", res, marks)
+		}
 	}
 }

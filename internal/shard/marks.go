@@ -9,20 +9,35 @@ package shard
 //     marks at that key + "/slot/<n>" (an escaped resource holds no '/',
 //     so neither is ever another's). Its value is a markRecord: the lock
 //     it is bound to, the greatest token accepted, and who created it.
+//   - The resource's own key is its binding for every mark of it: one lock
+//     owns a resource, across its own mark and its per-slot marks. A
+//     per-slot mark needs the resource's key bound to the same lock; the
+//     first one creates that key too, in the same Txn, as a binding (token
+//     0, Binding): a per-slot mark and its binding are one mark, counted
+//     once. A lock's plain mark on a binding of its own raises it (a lock
+//     may be a semaphore, then a mutex once free); a lock's per-slot mark
+//     on its own plain mark keeps it as the binding. Any other lock, plain
+//     or per-slot, is refused by the resource's key (MarkOwnedError), so
+//     a semaphore cannot get around a mutex's mark, nor the reverse.
 //   - Its only writer is the owner of the shard of the lock it is bound
 //     to: the mark travels with that lock's shard. It is created once, by
 //     a dedicated Txn guarded by that owner's key and by
 //     CreateRevision(mark) == 0 (so of two locks, in two shards, racing to
 //     create it, one wins and the other then reads a mark of another
-//     lock); it is raised by a unit of that shard through the committer,
+//     lock), and a per-slot mark's also by its binding: CreateRevision of
+//     the resource's key == 0 when it creates the binding, == the create
+//     revision it read (the same binding) otherwise; it is raised by a unit of that shard through the committer,
 //     guarded by the owner key like every write of the shard, in order
 //     with the shard's grants and releases.
 //   - Validation runs on the owner of the lock's shard (calls are routed by
-//     name): under the shard's mutex the table's verdict, then the mark.
+//     name): under the shard's mutex the table's verdict, then the mark (a
+//     per-slot mark's binding first, then the mark).
 //     A mark that exists is cached per shard (shardState.marks) and read
 //     from etcd (linearizable) only on a miss; the cache is cleared when
 //     the table is dropped, so a new table (a takeover, a reload) reads
-//     every mark again. A mark that does not exist is never cached: another
+//     every mark again. A binding is cached as a mark (a cached validation
+//     of a per-slot mark sends nothing to etcd either). A mark that does
+//     not exist is never cached: another
 //     shard's lock may create it at any time, and only what exists can
 //     never change behind this owner's back (a mark bound to a lock of
 //     this shard changes only here; one bound to another lock only
@@ -44,6 +59,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/coordinatord/coordinatord/internal/etcdx"
@@ -69,8 +85,11 @@ type MarkCheck struct {
 // markEntry is a cached mark: one that exists.
 type markEntry struct {
 	lock    string // the lock it is bound to
-	token   int64  // the greatest token accepted (a wire token)
+	token   int64  // the greatest token accepted (a wire token); 0: a binding only
 	creator string // the creating identity's hash, kept on every raise
+	// createRev is the key's create revision: a per-slot mark's creation
+	// compares its binding's (still the binding it read).
+	createRev int64
 }
 
 // markRecord is a mark's stored value.
@@ -80,8 +99,11 @@ type markRecord struct {
 	Epoch   int64  `json:"epoch,omitempty"` // Token's epoch, for readers
 	Slot    int32  `json:"slot,omitempty"`
 	PerSlot bool   `json:"perSlot,omitempty"` // a semaphore slot's mark
-	At      int64  `json:"at"`                // unix ns of the last raise (owner's clock)
-	Creator string `json:"ih,omitempty"`      // keyspace.IdentityHash of the creator
+	// Binding: the resource's own key binds it to Lock for Lock's per-slot
+	// marks, and no token has raised it yet (Token 0).
+	Binding bool   `json:"binding,omitempty"`
+	At      int64  `json:"at"`           // unix ns of the last raise (owner's clock)
+	Creator string `json:"ih,omitempty"` // keyspace.IdentityHash of the creator
 }
 
 // markID names a mark: a resource's own, or one semaphore slot's.
@@ -114,16 +136,16 @@ func (o *Owner) markLimit() int64 {
 func (e markEntry) record(id markID, at time.Time) string {
 	ep, _ := keyspace.SplitToken(e.token)
 	b, _ := json.Marshal(markRecord{Lock: e.lock, Token: e.token, Epoch: ep, Slot: id.slot, PerSlot: id.perSlot,
-		At: at.UnixNano(), Creator: e.creator}) // plain fields: cannot fail
+		Binding: !id.perSlot && e.token == 0, At: at.UnixNano(), Creator: e.creator}) // plain fields: cannot fail
 	return string(b)
 }
 
 // decodeMark is the entry of a stored mark; a foreign value reads as a
 // zero mark bound to no lock (every lock is refused, as on the queue core).
-func decodeMark(v []byte) markEntry {
+func decodeMark(kv *mvccpb.KeyValue) markEntry {
 	var r markRecord
-	_ = json.Unmarshal(v, &r)
-	return markEntry{lock: r.Lock, token: r.Token, creator: r.Creator}
+	_ = json.Unmarshal(kv.Value, &r)
+	return markEntry{lock: r.Lock, token: r.Token, creator: r.Creator, createRev: kv.CreateRevision}
 }
 
 // cacheMark records e as the mark at key (under s.mu), unless the cache
@@ -138,12 +160,57 @@ func (s *shardState) cacheMark(key string, e markEntry) {
 	s.marks[key] = e
 }
 
-// markRead is a read of a mark from etcd, for the table generation gen.
+// markRead is a read of marks from etcd, for the table generation gen.
 type markRead struct {
+	gen uint64
+	got []markGot // every key read, whether or not its mark exists
+}
+
+// markGot is one key of a markRead.
+type markGot struct {
 	key    string
-	gen    uint64
 	exists bool
 	entry  markEntry
+}
+
+// of is what the read says of key, if it read key for the generation gen.
+func (r *markRead) of(key string, gen uint64) (markGot, bool) {
+	if r.gen != gen {
+		return markGot{}, false
+	}
+	for _, g := range r.got {
+		if g.key == key {
+			return g, true
+		}
+	}
+	return markGot{}, false
+}
+
+// add records the mark at key: kvs is a Get's answer.
+func (r *markRead) add(key string, kvs []*mvccpb.KeyValue) {
+	g := markGot{key: key}
+	if len(kvs) > 0 {
+		g.exists, g.entry = true, decodeMark(kvs[0])
+	}
+	r.got = append(r.got, g)
+}
+
+// markAt is the mark at key (under s.mu): cached, else what read says of
+// it for this table generation (cached then, if it exists); known false:
+// it must be read.
+func (s *shardState) markAt(key string, read *markRead) (m markEntry, exists, known bool) {
+	if m, ok := s.marks[key]; ok {
+		return m, true, true
+	}
+	g, ok := read.of(key, s.gen)
+	if !ok {
+		return markEntry{}, false, false
+	}
+	if !g.exists {
+		return markEntry{}, false, true
+	}
+	s.cacheMark(key, g.entry)
+	return s.marks[key], true, true
 }
 
 // markPlan is what one decision under the shard's mutex leaves to do.
@@ -154,10 +221,17 @@ type markPlan struct {
 	key     string
 	gen     uint64
 	term    int64
-	read    bool         // read the mark from etcd, then decide again
+	read    []string     // read these marks from etcd, then decide again
 	create  *markEntry   // create the mark (no mark yet): createMark
 	raised  <-chan error // a raise was submitted: its outcome
 	id      markID
+	// bindKey is a per-slot mark's binding, the resource's own key ("" for
+	// a plain mark, which is its own binding). Creating the per-slot mark
+	// creates the binding too (bind, when there is none), or compares its
+	// create revision (bindRev, when there is one).
+	bindKey string
+	bind    *markEntry
+	bindRev int64
 }
 
 // testHookBeforeCreate, if set, runs just before a mark's creating Txn
@@ -207,16 +281,13 @@ func (o *Owner) ValidateResource(ctx context.Context, c MarkCheck) (fence.Verdic
 			if err != nil || r == nil {
 				return v, err
 			}
-			read = *r // the mark exists now, or the count moved: decide again
-		case p.read:
-			r, err := o.cli.Get(ctx, p.key)
+			read = *r // the mark or its binding exists now, or the count moved: decide again
+		case len(p.read) > 0:
+			r, err := o.readMarks(ctx, p.gen, p.read)
 			if err != nil {
-				return fence.Verdict{}, markErr(ctx, "read mark", err)
+				return fence.Verdict{}, err
 			}
-			read = markRead{key: p.key, gen: p.gen}
-			if len(r.Kvs) > 0 {
-				read.exists, read.entry = true, decodeMark(r.Kvs[0].Value)
-			}
+			read = r
 		}
 	}
 	return fence.Verdict{}, fmt.Errorf("%w: too much contention on the mark of resource %q; retry", lease.ErrUnavailable, c.Resource)
@@ -254,14 +325,30 @@ func (o *Owner) decideMark(s *shardState, c MarkCheck, read markRead) markPlan {
 		return markPlan{done: true, verdict: judgeMark(c.Token, rev, v, 0)}
 	}
 	key := o.markKey(id)
-	m, exists := s.marks[key]
-	if !exists && read.key == key && read.gen == s.gen {
-		if m, exists = read.entry, read.exists; exists {
-			s.cacheMark(key, m)
-			m = s.marks[key]
+	var (
+		bindKey string
+		bind    markEntry
+		bound   bool // a per-slot mark's binding exists (bind)
+	)
+	if id.perSlot {
+		// The binding first: a resource bound to another lock refuses
+		// every per-slot mark of this one, whatever exists at its slot.
+		bindKey = o.markKey(markID{resource: c.Resource})
+		b, exists, known := s.markAt(bindKey, &read)
+		if !known {
+			return markPlan{read: []string{bindKey, key}, gen: s.gen}
 		}
-	} else if !exists {
-		return markPlan{read: true, key: key, gen: s.gen}
+		if exists && b.lock != c.Name {
+			return markPlan{done: true, err: &fence.MarkOwnedError{Resource: c.Resource, Lock: c.Name, Owner: b.lock}}
+		}
+		bind, bound = b, exists
+	}
+	m, exists, known := s.markAt(key, &read)
+	if !known {
+		if !id.perSlot || bound {
+			return markPlan{read: []string{key}, gen: s.gen}
+		}
+		return markPlan{read: []string{bindKey, key}, gen: s.gen}
 	}
 	if exists && m.lock != c.Name {
 		return markPlan{done: true, err: &fence.MarkOwnedError{Resource: c.Resource, Lock: c.Name, Owner: m.lock}}
@@ -270,10 +357,17 @@ func (o *Owner) decideMark(s *shardState, c MarkCheck, read markRead) markPlan {
 	if !verdict.Valid || c.Token == m.token {
 		return markPlan{done: true, verdict: verdict} // refused, or the same holder again: nothing to write
 	}
-	next := markEntry{lock: c.Name, token: c.Token, creator: m.creator}
+	next := markEntry{lock: c.Name, token: c.Token, creator: m.creator, createRev: m.createRev}
 	if !exists {
 		next.creator = keyspace.IdentityHash(c.Identity)
-		return markPlan{create: &next, verdict: verdict, key: key, gen: s.gen, term: s.term, id: id}
+		p := markPlan{create: &next, verdict: verdict, key: key, gen: s.gen, term: s.term, id: id, bindKey: bindKey}
+		switch {
+		case id.perSlot && bound:
+			p.bindRev = bind.createRev
+		case id.perSlot:
+			p.bind = &markEntry{lock: c.Name, creator: next.creator}
+		}
+		return p
 	}
 	ch := make(chan error, 1)
 	ops := []Op{{Key: key, Value: next.record(id, o.clock.Now()), Conflict: key}}
@@ -302,12 +396,13 @@ func judgeMark(token, rev int64, v locktable.Verdict, mark int64) fence.Verdict 
 	return fence.Verdict{Reason: fence.NotHeld, CurrentToken: v.CurrentToken, Mark: mark}
 }
 
-// createMark creates the resource's first mark, p.create, in a Txn of its
-// own guarded by the owner key (the term p was decided in), by the mark's
-// absence and by the creator's count, which it raises (the cap is exact
-// across replicas and shards). It answers (verdict or error), or returns
-// the read to decide again with (the mark exists now, or the count
-// moved).
+// createMark creates a mark, p.create, in a Txn of its own guarded by the
+// owner key (the term p was decided in), by the mark's absence, by a
+// per-slot mark's binding (absent, and created with it: p.bind; or the one
+// read: p.bindRev) and by the creator's count, which it raises by one (the
+// cap is exact across replicas and shards). It answers (verdict or error),
+// or returns the read to decide again with (the mark or its binding exists
+// now, or the count moved).
 func (o *Owner) createMark(ctx context.Context, s *shardState, c MarkCheck, p markPlan) (fence.Verdict, *markRead, error) {
 	next := *p.create
 	release, err := o.creating.acquire(ctx, next.creator)
@@ -316,12 +411,27 @@ func (o *Owner) createMark(ctx context.Context, s *shardState, c MarkCheck, p ma
 	}
 	defer release()
 	countKey := o.markCountKey(next.creator)
-	r, err := o.cli.Txn(ctx).Then(clientv3.OpGet(p.key), clientv3.OpGet(countKey)).Commit()
+	gets := []clientv3.Op{clientv3.OpGet(p.key), clientv3.OpGet(countKey)}
+	if p.bindKey != "" {
+		gets = append(gets, clientv3.OpGet(p.bindKey))
+	}
+	r, err := o.cli.Txn(ctx).Then(gets...).Commit()
 	if err != nil {
 		return fence.Verdict{}, nil, markErr(ctx, "read mark count", err)
 	}
-	if kvs := r.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 { // created while this one waited its turn
-		return fence.Verdict{}, &markRead{key: p.key, gen: p.gen, exists: true, entry: decodeMark(kvs[0].Value)}, nil
+	markKVs := r.Responses[0].GetResponseRange().GetKvs()
+	var bindKVs []*mvccpb.KeyValue
+	if p.bindKey != "" {
+		bindKVs = r.Responses[2].GetResponseRange().GetKvs()
+	}
+	if len(markKVs) > 0 || (p.bindKey != "" && !sameBinding(bindKVs, p)) { // created while this one waited its turn
+		o.forgetBinding(s, p, bindKVs)
+		read := &markRead{gen: p.gen}
+		read.add(p.key, markKVs)
+		if p.bindKey != "" {
+			read.add(p.bindKey, bindKVs)
+		}
+		return fence.Verdict{}, read, nil
 	}
 	var n, countMR int64
 	if kvs := r.Responses[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
@@ -338,24 +448,40 @@ func (o *Owner) createMark(ctx context.Context, s *shardState, c MarkCheck, p ma
 	if testHookBeforeCreate != nil {
 		testHookBeforeCreate()
 	}
-	tr, err := o.cli.Txn(ctx).If(
+	now := o.clock.Now()
+	cmps := []clientv3.Cmp{
 		clientv3.Compare(clientv3.CreateRevision(ownerKey), "=", term),
 		clientv3.Compare(clientv3.CreateRevision(p.key), "=", 0),
 		clientv3.Compare(clientv3.ModRevision(countKey), "=", countMR),
-	).Then(
-		clientv3.OpPut(p.key, next.record(p.id, o.clock.Now())),
+	}
+	puts := []clientv3.Op{
+		clientv3.OpPut(p.key, next.record(p.id, now)),
 		clientv3.OpPut(countKey, strconv.FormatInt(n+1, 10)),
-	).Else(
-		clientv3.OpGet(ownerKey),
-		clientv3.OpGet(p.key),
-	).Commit()
+	}
+	elses := []clientv3.Op{clientv3.OpGet(ownerKey), clientv3.OpGet(p.key)}
+	if p.bindKey != "" {
+		if p.bind != nil {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(p.bindKey), "=", 0))
+			puts = append(puts, clientv3.OpPut(p.bindKey, p.bind.record(markID{resource: p.id.resource}, now)))
+		} else {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(p.bindKey), "=", p.bindRev))
+		}
+		elses = append(elses, clientv3.OpGet(p.bindKey))
+	}
+	tr, err := o.cli.Txn(ctx).If(cmps...).Then(puts...).Else(elses...).Commit()
 	if err != nil {
 		return fence.Verdict{}, nil, markErr(ctx, "create mark", err)
 	}
 	if tr.Succeeded {
+		next.createRev = tr.Header.Revision
 		s.mu.Lock()
 		if s.gen == p.gen {
 			s.cacheMark(p.key, next)
+			if p.bind != nil {
+				b := *p.bind
+				b.createRev = tr.Header.Revision
+				s.cacheMark(p.bindKey, b)
+			}
 		}
 		s.mu.Unlock()
 		v := p.verdict
@@ -365,11 +491,65 @@ func (o *Owner) createMark(ctx context.Context, s *shardState, c MarkCheck, p ma
 	if kvs := tr.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != term {
 		return fence.Verdict{}, nil, o.lostDuringCall(s)
 	}
-	read := &markRead{key: p.key, gen: p.gen}
-	if kvs := tr.Responses[1].GetResponseRange().GetKvs(); len(kvs) > 0 {
-		read.exists, read.entry = true, decodeMark(kvs[0].Value)
+	read := &markRead{gen: p.gen}
+	read.add(p.key, tr.Responses[1].GetResponseRange().GetKvs())
+	if p.bindKey != "" {
+		bindKVs := tr.Responses[2].GetResponseRange().GetKvs()
+		o.forgetBinding(s, p, bindKVs)
+		read.add(p.bindKey, bindKVs)
 	}
 	return fence.Verdict{}, read, nil
+}
+
+// forgetBinding drops a cached binding that is not the one in etcd (kvs, a
+// Get of p.bindKey): the shard core never deletes a mark, so only a key
+// removed and created again behind its back can make it stale; the next
+// decision then judges by the read instead of deciding on it again.
+func (o *Owner) forgetBinding(s *shardState, p markPlan, kvs []*mvccpb.KeyValue) {
+	if p.bind != nil || sameBinding(kvs, p) {
+		return
+	}
+	s.mu.Lock()
+	if b, ok := s.marks[p.bindKey]; ok && s.gen == p.gen && b.createRev == p.bindRev {
+		delete(s.marks, p.bindKey)
+	}
+	s.mu.Unlock()
+}
+
+// sameBinding reports whether kvs (a Get of p.bindKey) is still the
+// binding p was decided with: none when p creates it, else the one of
+// create revision p.bindRev.
+func sameBinding(kvs []*mvccpb.KeyValue, p markPlan) bool {
+	if p.bind != nil {
+		return len(kvs) == 0
+	}
+	return len(kvs) > 0 && kvs[0].CreateRevision == p.bindRev
+}
+
+// readMarks reads the marks at keys (linearizable, in one request) for the
+// table generation gen.
+func (o *Owner) readMarks(ctx context.Context, gen uint64, keys []string) (markRead, error) {
+	read := markRead{gen: gen}
+	if len(keys) == 1 {
+		r, err := o.cli.Get(ctx, keys[0])
+		if err != nil {
+			return read, markErr(ctx, "read mark", err)
+		}
+		read.add(keys[0], r.Kvs)
+		return read, nil
+	}
+	ops := make([]clientv3.Op, len(keys))
+	for i, k := range keys {
+		ops[i] = clientv3.OpGet(k)
+	}
+	r, err := o.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return read, markErr(ctx, "read mark", err)
+	}
+	for i, k := range keys {
+		read.add(k, r.Responses[i].GetResponseRange().GetKvs())
+	}
+	return read, nil
 }
 
 // lostDuringCall refuses a call whose shard this replica stopped owning

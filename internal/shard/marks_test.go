@@ -305,8 +305,9 @@ func TestMarkCreationStormAcrossShards(t *testing.T) {
 
 // A reader's token cannot raise a mark (SharedHolderError, nothing
 // written); a writer's raises the resource's own; a semaphore's holders
-// each raise the mark of their slot, and the new holder of a slot fences
-// nobody on the other slot.
+// each raise the mark of their slot (under one binding, the resource's own
+// key at token 0), and the new holder of a slot fences nobody on the other
+// slot.
 func TestMarkReadersAndSemaphoreSlots(t *testing.T) {
 	_, cli := ownerEtcd(t)
 	o := startOwner(t, cli)
@@ -351,8 +352,9 @@ func TestMarkReadersAndSemaphoreSlots(t *testing.T) {
 			t.Fatalf("slot %d mark = %+v (%v)", g.Slot, m, ok)
 		}
 	}
-	if _, ok := storedMark(t, cli, markPrefix+"db2"); ok {
-		t.Fatal("a semaphore holder raised the resource's own mark")
+	// The resource's own key is the semaphore's binding, raised by no token.
+	if m, ok := storedMark(t, cli, markPrefix+"db2"); !ok || m.Lock != "sem" || m.Token != 0 || !m.Binding || m.PerSlot {
+		t.Fatalf("the resource's own key = %+v (%v), want a binding to %q at token 0", m, ok, "sem")
 	}
 	// The first slot passes on: its new holder raises its slot's mark; the
 	// other slot's older holder is still valid, the former holder is not.
@@ -505,4 +507,223 @@ func TestMarkRaiseFailureDropsTheShard(t *testing.T) {
 	waitServing(t, o)
 	expectMark(t, o, check("f", g2.Token, "res", ""), fence.Current, g2.Token)
 	expectMark(t, o, check("f", g.Token, "res", ""), fence.Fenced, g2.Token)
+}
+
+// semHolders acquires n holders of the semaphore name of limit n.
+func semHolders(t *testing.T, o *Owner, name string, n int32) []*locktable.Grant {
+	t.Helper()
+	gs := make([]*locktable.Grant, n)
+	for i := range gs {
+		g, err := o.Acquire(ctxT(t), locktable.Acquire{Name: name, Caller: "alice", TTL: 30 * time.Second, Limit: n, Wait: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs[i] = g
+	}
+	return gs
+}
+
+// One lock per resource across its own mark and its per-slot marks: a
+// semaphore cannot validate on a resource a mutex fences, nor a mutex on
+// one a semaphore fences; each refusal is a MarkOwnedError naming the
+// owner, and writes nothing.
+func TestMarkOneLockAcrossPlainAndSlotMarks(t *testing.T) {
+	_, cli := ownerEtcd(t)
+	o := startOwner(t, cli)
+	ctx := ctxT(t)
+	mutex, err := o.Acquire(ctx, acq("mutex", 30*time.Second, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sem := semHolders(t, o, "sem", 2)
+	expectMark(t, o, check("mutex", mutex.Token, "by-mutex", "a"), fence.Current, mutex.Token)
+	expectMark(t, o, check("sem", sem[0].Token, "by-sem", "b"), fence.Current, sem[0].Token)
+	rev := etcdRev(t, cli)
+	for range 2 { // from a read, then from the cache
+		for _, g := range sem {
+			_, err := o.ValidateResource(ctx, check("sem", g.Token, "by-mutex", "b"))
+			var mo *fence.MarkOwnedError
+			if !errors.As(err, &mo) || mo.Owner != "mutex" || mo.Lock != "sem" {
+				t.Fatalf("semaphore slot %d on the mutex's resource: %v, want a MarkOwnedError naming %q", g.Slot, err, "mutex")
+			}
+		}
+		_, err := o.ValidateResource(ctx, check("mutex", mutex.Token, "by-sem", "a"))
+		var mo *fence.MarkOwnedError
+		if !errors.As(err, &mo) || mo.Owner != "sem" || mo.Lock != "mutex" {
+			t.Fatalf("mutex on the semaphore's resource: %v, want a MarkOwnedError naming %q", err, "sem")
+		}
+	}
+	if r := etcdRev(t, cli); r != rev {
+		t.Fatalf("refused validations wrote: revision %d -> %d", rev, r)
+	}
+	if n := countKeys(t, cli, markPrefix+"by-mutex"); n != 1 {
+		t.Fatalf("%d keys under the mutex's resource, want its mark only", n)
+	}
+	if n := countKeys(t, cli, markPrefix+"by-sem"); n != 2 {
+		t.Fatalf("%d keys under the semaphore's resource, want its binding and one slot's mark", n)
+	}
+	// A binding and its first per-slot mark are one mark to the cap.
+	for id, want := range map[string]string{"a": "1", "b": "1"} {
+		r, err := cli.Get(ctx, "/t/shards/markcounts/"+keyspace.IdentityHash(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Kvs) != 1 || string(r.Kvs[0].Value) != want {
+			t.Fatalf("identity %q's mark count %v, want %s", id, r.Kvs, want)
+		}
+	}
+}
+
+// A mutex and a semaphore in different shards create one resource's marks
+// at once (the hook sends the creating Txns together): one lock owns every
+// key under the resource, the other is refused, and the winner is counted
+// once.
+func TestMarkCreationRaceOfAMutexAndASemaphore(t *testing.T) {
+	for round := range 4 {
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			_, cli := ownerEtcd(t)
+			o := startOwner(t, cli)
+			ctx := ctxT(t)
+			n1, n2 := shardName(o, 0), shardName(o, 1)
+			g1, err := o.Acquire(ctx, acq(n1, 30*time.Second, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			g2 := semHolders(t, o, n2, 2)[1]
+			id1, id2 := distinctCreators()
+			var ready sync.WaitGroup
+			ready.Add(2)
+			testHookBeforeCreate = func() { ready.Done(); ready.Wait() }
+			defer func() { testHookBeforeCreate = nil }()
+			errs := make([]error, 2)
+			checks := []MarkCheck{check(n1, g1.Token, "r", id1), check(n2, g2.Token, "r", id2)}
+			if round%2 == 1 {
+				checks[0], checks[1] = checks[1], checks[0]
+			}
+			var wg sync.WaitGroup
+			for i, c := range checks {
+				wg.Go(func() { _, errs[i] = o.ValidateResource(ctx, c) })
+			}
+			wg.Wait()
+			testHookBeforeCreate = nil
+			m, ok := storedMark(t, cli, markPrefix+"r")
+			if !ok {
+				t.Fatal("no mark at the resource's own key")
+			}
+			r, err := cli.Get(ctx, markPrefix+"r", clientv3.WithPrefix())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, kv := range r.Kvs {
+				var km markRecord
+				if err := json.Unmarshal(kv.Value, &km); err != nil || km.Lock != m.Lock {
+					t.Fatalf("%s is bound to %q, the resource to %q (%v)", kv.Key, km.Lock, m.Lock, err)
+				}
+			}
+			winner, loser := 0, 1
+			if m.Lock != checks[0].Name {
+				winner, loser = 1, 0
+			}
+			var mo *fence.MarkOwnedError
+			if errs[winner] != nil || !errors.As(errs[loser], &mo) || mo.Owner != m.Lock {
+				t.Fatalf("race: %v; resource bound to %q", errs, m.Lock)
+			}
+			wantKeys := int64(1)
+			if m.Lock == n2 {
+				wantKeys = 2 // the binding and the slot's mark
+				if !m.Binding || m.Token != 0 {
+					t.Fatalf("the semaphore's binding = %+v", m)
+				}
+			}
+			if n := int64(len(r.Kvs)); n != wantKeys {
+				t.Fatalf("%d keys under the resource, want %d", n, wantKeys)
+			}
+			counts, err := cli.Get(ctx, "/t/shards/markcounts/", clientv3.WithPrefix())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(counts.Kvs) != 1 || string(counts.Kvs[0].Value) != "1" {
+				t.Fatalf("mark counts %v, want the winner's identity with 1", counts.Kvs)
+			}
+		})
+	}
+}
+
+// A lock may be a semaphore, then a mutex once free: its mutex holder
+// raises the resource's own key, the semaphore's binding, and a former
+// semaphore holder is then fenced by it; the lock's next semaphore keeps
+// its slot marks under that key.
+func TestMarkSemaphoreThenMutexOfOneLock(t *testing.T) {
+	_, cli := ownerEtcd(t)
+	o := startOwner(t, cli)
+	ctx := ctxT(t)
+	sem := semHolders(t, o, "l", 2)
+	for _, g := range sem {
+		expectMark(t, o, check("l", g.Token, "res", ""), fence.Current, g.Token)
+	}
+	for _, g := range sem {
+		if ok, err := o.Release(ctx, "l", g.Token, g.Handle, "alice"); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+	}
+	// Gone from the table, its slot unknown: judged by the binding (token 0).
+	expectMark(t, o, check("l", sem[0].Token, "res", ""), fence.NotHeld, 0)
+	mu, err := o.Acquire(ctx, acq("l", 30*time.Second, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectMark(t, o, check("l", mu.Token, "res", ""), fence.Current, mu.Token)
+	if m, ok := storedMark(t, cli, markPrefix+"res"); !ok || m.Lock != "l" || m.Token != mu.Token || m.Binding {
+		t.Fatalf("the resource's own key after the mutex = %+v (%v), want a mark at %d", m, ok, mu.Token)
+	}
+	expectMark(t, o, check("l", sem[1].Token, "res", ""), fence.Fenced, mu.Token)
+	if ok, err := o.Release(ctx, "l", mu.Token, mu.Handle, "alice"); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	again := semHolders(t, o, "l", 2)
+	for _, g := range again {
+		expectMark(t, o, check("l", g.Token, "res", ""), fence.Current, g.Token)
+	}
+	if n := countKeys(t, cli, markPrefix+"res"); n != 3 {
+		t.Fatalf("%d keys under the resource, want its mark and two slots' marks", n)
+	}
+	if m, _ := storedMark(t, cli, markPrefix+"res"); m.Token != mu.Token {
+		t.Fatalf("the resource's own mark %d after the semaphore again, want %d", m.Token, mu.Token)
+	}
+}
+
+// A validation of a semaphore holder at its cached slot mark sends nothing
+// to etcd: its binding and its slot's mark are both cached.
+func TestMarkCachedSlotValidationSendsNothing(t *testing.T) {
+	e, _ := ownerEtcd(t)
+	var markReqs atomic.Int64
+	cli := countingClient(t, e, &markReqs)
+	o := startOwner(t, cli)
+	sem := semHolders(t, o, "cached-sem", 2)
+	for _, g := range sem {
+		expectMark(t, o, check("cached-sem", g.Token, "res", ""), fence.Current, g.Token)
+	}
+	before, rev := markReqs.Load(), etcdRev(t, cli)
+	for range 100 {
+		for _, g := range sem {
+			expectMark(t, o, check("cached-sem", g.Token, "res", ""), fence.Current, g.Token)
+		}
+	}
+	if n := markReqs.Load(); n != before {
+		t.Fatalf("mark requests: %d before, %d after 200 cached slot validations", before, n)
+	}
+	if r := etcdRev(t, cli); r != rev {
+		t.Fatalf("cached slot validations wrote: revision %d -> %d", rev, r)
+	}
+	// After a takeover of the cache (a new table), a slot validation reads
+	// the binding and its mark in one request.
+	s := o.shards[o.ShardOf("cached-sem")]
+	s.mu.Lock()
+	s.marks = nil
+	s.mu.Unlock()
+	before = markReqs.Load()
+	expectMark(t, o, check("cached-sem", sem[0].Token, "res", ""), fence.Current, sem[0].Token)
+	if n := markReqs.Load(); n != before+1 {
+		t.Fatalf("%d mark requests for an uncached slot validation at its mark, want 1", n-before)
+	}
 }
