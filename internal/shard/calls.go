@@ -35,7 +35,9 @@ func (o *Owner) Acquire(ctx context.Context, a locktable.Acquire) (*locktable.Gr
 	}
 	switch r.Outcome {
 	case locktable.Granted:
-		return r.Grant, nil
+		g := *r.Grant
+		g.ExpiresAt, g.AcquiredAt = o.wall(g.ExpiresAt), o.wall(g.AcquiredAt)
+		return &g, nil
 	case locktable.NotGranted:
 		return nil, &lease.NotGrantedError{Name: a.Name, HolderToken: r.HolderToken}
 	}
@@ -69,7 +71,29 @@ func (o *Owner) KeepAlive(ctx context.Context, name string, token int64, handle,
 	if r.Outcome != locktable.Renewed {
 		return nil, outcomeErr(name, r)
 	}
-	return &r.Renewal, nil
+	rn := r.Renewal
+	rn.ExpiresAt = o.wall(rn.ExpiresAt)
+	return &rn, nil
+}
+
+// wall converts t, an instant on the owner's Clock (the tables' and the
+// lease deadline's), to the process's wall clock, which every answer's
+// instants (expires_at, safe_until, acquired_at) are read on by clients:
+// now on the wall clock plus how far t is from now on the owner's Clock.
+// The durations stay the owner's (a clock running fast ends a grant early
+// in real time, which the safety margin of safe_until covers), but a
+// rate-skewed Clock's instants, whose wall reading drifts from the real
+// one by the skew accumulated since the clock began (SkewedClock: "comparing
+// them with times of another clock is meaningless"), never reach a client:
+// a member whose clock ran 5% fast promised, after 20 s, safe_until 1 s
+// past the instant its own table ended the grant (the chaos suite's
+// CheckSafeUntil on the shard core). RealClock's instants are returned as
+// they are.
+func (o *Owner) wall(t time.Time) time.Time {
+	if _, real := o.clock.(clockReal); real || t.IsZero() {
+		return t
+	}
+	return time.Now().Add(t.Sub(o.clock.Now()))
 }
 
 // Validate judges a token from the owner's table: no etcd request. The
@@ -94,6 +118,12 @@ func (o *Owner) Describe(name string) ([]locktable.Holder, []locktable.Waiter, e
 		return nil, nil, err
 	}
 	hs, ws := s.tab.Describe(name)
+	for i := range hs {
+		hs[i].AcquiredAt, hs[i].ExpiresAt = o.wall(hs[i].AcquiredAt), o.wall(hs[i].ExpiresAt)
+	}
+	for i := range ws {
+		ws[i].WaitingSince = o.wall(ws[i].WaitingSince)
+	}
 	return hs, ws, nil
 }
 
@@ -113,6 +143,7 @@ func (o *Owner) List(prefix string) (holders []locktable.Holder, served []uint32
 		served = append(served, s.n)
 		s.tab.Holders(func(h locktable.Holder) {
 			if strings.HasPrefix(h.Name, prefix) {
+				h.AcquiredAt, h.ExpiresAt = o.wall(h.AcquiredAt), o.wall(h.ExpiresAt)
 				holders = append(holders, h)
 			}
 		})
