@@ -15,6 +15,7 @@ import (
 //	coordinatord_shard_commits_total             etcd Txns of the group committer
 //	coordinatord_shard_commit_units_total        units they carried (units / commits: the batching)
 //	coordinatord_shard_table_drops_total         tables dropped: shards lost, commits of unknown outcome
+//	coordinatord_shard_member_rejoins_total      times the replica joined again after etcd lost its lease (cut off past its TTL)
 //
 // Sum serving over the replicas: it equals coordinatord_shards when every
 // shard is served. A headroom that keeps falling towards 0 means etcd is
@@ -28,6 +29,7 @@ var (
 	shardCommitsDesc = prometheus.NewDesc("coordinatord_shard_commits_total", "etcd transactions of the shard core's group committer.", nil, nil)
 	shardUnitsDesc   = prometheus.NewDesc("coordinatord_shard_commit_units_total", "Units (one shard's decisions) committed; divided by coordinatord_shard_commits_total: the batching.", nil, nil)
 	shardDropsDesc   = prometheus.NewDesc("coordinatord_shard_table_drops_total", "Shard tables dropped: a shard lost, or a commit whose outcome is unknown (the table reloads from etcd).", nil, nil)
+	shardRejoinsDesc = prometheus.NewDesc("coordinatord_shard_member_rejoins_total", "Times this replica joined again with a new lease after etcd lost its lease (it was cut off from etcd past its TTL).", nil, nil)
 )
 
 // shardCollector exports the Owner's Status at every scrape; it owns no
@@ -35,7 +37,7 @@ var (
 type shardCollector struct{ status func() shard.Status }
 
 func (shardCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{shardsDesc, shardsServingDesc, shardsLoadingDesc, shardHeadroomDesc, shardCommitsDesc, shardUnitsDesc, shardDropsDesc} {
+	for _, d := range []*prometheus.Desc{shardsDesc, shardsServingDesc, shardsLoadingDesc, shardHeadroomDesc, shardCommitsDesc, shardUnitsDesc, shardDropsDesc, shardRejoinsDesc} {
 		ch <- d
 	}
 }
@@ -49,4 +51,5 @@ func (c shardCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(shardCommitsDesc, prometheus.CounterValue, float64(st.Commits.Txns))
 	ch <- prometheus.MustNewConstMetric(shardUnitsDesc, prometheus.CounterValue, float64(st.Commits.Units))
 	ch <- prometheus.MustNewConstMetric(shardDropsDesc, prometheus.CounterValue, float64(st.Drops))
+	ch <- prometheus.MustNewConstMetric(shardRejoinsDesc, prometheus.CounterValue, float64(st.Rejoins))
 }

@@ -28,7 +28,7 @@ func TestShardCoreMetrics(t *testing.T) {
 	if h := m["coordinatord_shard_lease_headroom_seconds"][""]; h <= 0 || h > 2 {
 		t.Fatalf("coordinatord_shard_lease_headroom_seconds = %v, want in (0, 2]", h)
 	}
-	for _, name := range []string{"coordinatord_shard_commits_total", "coordinatord_shard_commit_units_total", "coordinatord_shard_table_drops_total", "coordinatord_shards_loading"} {
+	for _, name := range []string{"coordinatord_shard_commits_total", "coordinatord_shard_commit_units_total", "coordinatord_shard_table_drops_total", "coordinatord_shard_member_rejoins_total", "coordinatord_shards_loading"} {
 		if _, ok := m[name][""]; !ok {
 			t.Errorf("%s is not exported", name)
 		}

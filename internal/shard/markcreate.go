@@ -63,7 +63,7 @@ func (o *Owner) createMark(ctx context.Context, s *shardState, c MarkCheck, p ma
 	if limit := o.markLimit(); limit > 0 && n >= limit {
 		return fence.Verdict{}, nil, &fence.TooManyMarksError{Count: n, Limit: limit}
 	}
-	ownerKey, term, ok := o.own.Guard(s.n)
+	ownerKey, term, ok := o.current().own.Guard(s.n)
 	if !ok || term != p.term {
 		return fence.Verdict{}, nil, o.lostDuringCall(s)
 	}

@@ -318,3 +318,36 @@ func TestOwnerReacquireSurvivesCompactionAndRestart(t *testing.T) {
 		t.Fatalf("after compaction and restart etcd lost the held grant %d: %d keys", last.Token, len(resp.Kvs))
 	}
 }
+
+// A member whose lease etcd lost (cut off past its TTL; here revoked)
+// joins again with a new lease and serves its shards again: before, it
+// owned nothing until restarted, and with no other member nobody did.
+func TestOwnerJoinsAgainAfterItsLeaseIsLost(t *testing.T) {
+	_, cli := ownerEtcd(t)
+	o := startOwner(t, cli)
+	ctx := ctxT(t)
+	g, err := o.Acquire(ctx, acq("kept", 30*time.Second, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := o.Lease().ID()
+	if _, err := cli.Revoke(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st := o.Status()
+		if st.Rejoins == 1 && st.Serving == st.Shards && o.Lease().ID() != first {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("15s after the lease was revoked: %+v, lease %x (was %x)", st, o.Lease().ID(), first)
+		}
+	}
+	// The grant was persisted before the lease went: the new life honours it.
+	if v, err := o.Validate("kept", g.Token); err != nil || !v.Valid {
+		t.Fatalf("validate after joining again = %+v, %v", v, err)
+	}
+	if ok, err := o.Release(ctx, "kept", g.Token, g.Handle, "alice"); err != nil || !ok {
+		t.Fatalf("release after joining again = %v, %v", ok, err)
+	}
+}

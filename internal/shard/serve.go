@@ -229,7 +229,7 @@ func (o *Owner) tick(s *shardState) {
 	if s.tab == nil || o.ctx.Err() != nil {
 		return
 	}
-	if !o.lease.Valid() {
+	if !o.current().lease.Valid() {
 		// Past the deadline nothing is decided; look again shortly.
 		s.timerAt = o.clock.Now().Add(10 * time.Millisecond)
 		s.timer = time.AfterFunc(10*time.Millisecond, func() { o.tick(s) })

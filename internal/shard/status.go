@@ -14,12 +14,13 @@ type Status struct {
 	LeaseHeadroom time.Duration
 	Commits       CommitStats // Txns, units and ops committed so far
 	Drops         int64       // tables dropped: lost shards and commits of unknown outcome
+	Rejoins       int64       // times the member joined again after etcd lost its lease
 }
 
 // Status reads the member's state; it takes each shard's mutex briefly.
 func (o *Owner) Status() Status {
-	st := Status{Shards: len(o.shards), LeaseHeadroom: o.lease.Deadline().Sub(o.clock.Now()),
-		Commits: o.com.Stats(), Drops: o.drops.Load()}
+	st := Status{Shards: len(o.shards), LeaseHeadroom: o.current().lease.Deadline().Sub(o.clock.Now()),
+		Commits: o.com.Stats(), Drops: o.drops.Load(), Rejoins: o.rejoins.Load()}
 	for _, s := range o.shards {
 		s.mu.Lock()
 		switch {
