@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -95,8 +96,20 @@ type Forwarder struct {
 }
 
 func newForwarder(own *shard.Owner, secret []byte, dial []grpc.DialOption, log *slog.Logger) *Forwarder {
-	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dial...)
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(peerReconnect)}, dial...)
 	return &Forwarder{self: own.Advertise(), secret: secret, dial: opts, log: log, conns: map[string]*grpc.ClientConn{}}
+}
+
+// peerReconnect is how a connection to a peer dials again after it broke.
+// gRPC's default backoff (1s, growing 1.6x to 2 minutes) kept forwarding
+// into a peer that had restarted on its address for seconds after it
+// served again: the chaos suite saw holders unable to renew through
+// another replica until their grant's honoured TTL ran out. A member is
+// on the local network and answers at once when it is up: retry fast,
+// never wait more than a second.
+var peerReconnect = grpc.ConnectParams{
+	Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+	MinConnectTimeout: time.Second,
 }
 
 // Close closes every connection to a peer; calls forwarded after it fail
