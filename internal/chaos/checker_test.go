@@ -40,6 +40,8 @@ func TestCheckerCatchesFaultyHistories(t *testing.T) {
 	}{
 		{"legal hand-off with expiry", h(acq(1, 10), op(1, chaos.Validate, 10, chaos.OK), acq(2, 12), op(1, chaos.Validate, 10, chaos.Failed), op(1, chaos.Release, 10, chaos.Failed), op(2, chaos.Release, 12, chaos.OK)), porcupine.Ok},
 		{"legal: ambiguous ops have any outcome", h(acq(1, 10), op(1, chaos.Release, 10, chaos.Ambiguous), op(2, chaos.Acquire, 0, chaos.Ambiguous), acq(2, 15), op(2, chaos.Validate, 15, chaos.OK)), porcupine.Ok},
+		{"legal: an ambiguous release may have done nothing, and its retry releases", h(acq(1, 10), op(1, chaos.Release, 10, chaos.Ambiguous), op(1, chaos.Validate, 10, chaos.OK), op(1, chaos.Release, 10, chaos.OK)), porcupine.Ok},
+		{"an ambiguous release brings no released token back", h(acq(1, 10), op(1, chaos.Release, 10, chaos.OK), op(1, chaos.Release, 10, chaos.Ambiguous), op(1, chaos.Validate, 10, chaos.OK)), porcupine.Illegal},
 		// A validation that skips the holder check: the superseded token 10
 		// is called valid after 12 was granted.
 		{"valid for a superseded token", h(acq(1, 10), acq(2, 12), op(1, chaos.Validate, 10, chaos.OK)), porcupine.Illegal},

@@ -29,7 +29,13 @@ func (c *Client) holdRound(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(work, holdStreamTimeout)
 	defer cancel()
 	op := Op{Client: c.id, Name: c.name, Kind: Acquire, Call: c.w.Rec.Now()}
-	st, err := c.LC().Hold(sctx)
+	lc := c.LC()
+	if c.w.HoldOn != nil {
+		if i := c.w.HoldOn(c.name); i >= 0 {
+			lc = c.w.Replicas[i%len(c.w.Replicas)]
+		}
+	}
+	st, err := lc.Hold(sctx)
 	if err == nil {
 		err = send(st, &coordinatorv1.HoldRequest{Kind: &coordinatorv1.HoldRequest_Acquire{Acquire: &coordinatorv1.HoldAcquire{
 			Request: &coordinatorv1.AcquireRequest{Name: c.name, Ttl: durationpb.New(c.w.TTL), Wait: durationpb.New(c.w.Wait),

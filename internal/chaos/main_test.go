@@ -3,6 +3,7 @@ package chaos_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -14,6 +15,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(shardChildEnv) != "" {
+		shardChildMain() // the test binary as a shard-core member process
+		return
+	}
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
 		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
@@ -66,6 +71,10 @@ type run struct {
 	// restores, if set, is where the fault records its restores of etcd
 	// from a backup, for the checkers (CheckRestores, CheckSafeUntil).
 	restores *[]chaos.Restore
+	// shardCore: the replicas run the shard-owner core: no watchers (no
+	// Watch served yet), Hold streams sent to the owner of their name's
+	// shard, and the end checks of survivedShards instead of survived.
+	shardCore bool
 }
 
 type result struct {
@@ -84,6 +93,9 @@ func (r run) exec(t *testing.T, e *chaos.Env, fault func(ctx context.Context, w 
 	}
 	w := &chaos.Workload{Replicas: clients(e), Names: r.names, ClientsPerName: r.perName, PauseOneIn: r.pauseOneIn, Seed: r.seed,
 		Compacted: e.Compactor.Compacted, Kinds: r.kinds}
+	if r.shardCore {
+		w.NoWatch, w.HoldOn = true, holdOnOwner(e)
+	}
 	if r.after == 0 {
 		r.after = 4 * time.Second
 	}
@@ -109,7 +121,11 @@ func (r run) exec(t *testing.T, e *chaos.Env, fault func(ctx context.Context, w 
 		restores = *r.restores
 	}
 	res := check(t, w, r.wantStale, restores...)
-	survived(t, e)
+	if r.shardCore {
+		survivedShards(t, e)
+	} else {
+		survived(t, e)
+	}
 	return res
 }
 

@@ -156,7 +156,8 @@ func expiries(s lockState) []lockState {
 // leader changes make it possible), so before every operation the holder
 // may have become 0; a negative answer about the holder's own token is
 // legal only through that expiry, after which the token can never be valid
-// again. An Ambiguous operation has the union of its outcomes; an Ambiguous
+// again. An Ambiguous operation has the union of its outcomes and of no
+// effect at all; an Ambiguous
 // Acquire's token is unknown, and a grant nobody learned of is
 // indistinguishable from one that expired at once, so it is a no-op. Every
 // outcome of an Ambiguous operation is thus also reachable through expiry
@@ -179,6 +180,15 @@ func Model() porcupine.Model {
 			}
 			var next []any
 			for _, st := range starts {
+				// An Ambiguous call may also have had no effect at all (it
+				// never reached the server, or reached one that refused
+				// it without an answer): a Release retried after an
+				// ambiguous one, and answered released=true, must find
+				// the holder still there (a Failed outcome needs the
+				// token not held, an OK one removes it).
+				if op.Outcome == Ambiguous && !slices.Contains(next, any(st)) {
+					next = append(next, st)
+				}
 				for _, out := range outs {
 					if n, ok := step(st, op, out); ok && !slices.Contains(next, any(n)) {
 						next = append(next, n)

@@ -24,14 +24,15 @@ import (
 )
 
 // startDaemon builds cmd/coordinatord and runs it as a client of the
-// cluster; it returns the process and its gRPC address.
-func startDaemon(t *testing.T, endpoints []string) (*exec.Cmd, string) {
+// cluster (with extra flags); it returns the process and its gRPC address.
+func startDaemon(t *testing.T, endpoints []string, extra ...string) (*exec.Cmd, string) {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "coordinatord")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/coordinatord/coordinatord/cmd/coordinatord").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	cmd := exec.Command(bin, "--listen", "127.0.0.1:0", "--etcd-endpoints", strings.Join(endpoints, ","), "--key-prefix", chaos.KeyPrefix)
+	args := append([]string{"--listen", "127.0.0.1:0", "--etcd-endpoints", strings.Join(endpoints, ","), "--key-prefix", chaos.KeyPrefix}, extra...)
+	cmd := exec.Command(bin, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -20,6 +21,7 @@ import (
 	"github.com/coordinatord/coordinatord/internal/keyspace"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
+	"github.com/coordinatord/coordinatord/internal/shard"
 )
 
 // ServerLog, if set before replicas start, receives the handlers' logs
@@ -36,6 +38,9 @@ type Replica struct {
 	ID      int
 	proxies []*Proxy
 	opts    []grpc.ServerOption
+	// shardCfg: the replica runs the shard-owner core (shards.go); nil:
+	// the queue core.
+	shardCfg *ShardConfig
 
 	mu       sync.Mutex
 	addr     string
@@ -44,6 +49,8 @@ type Replica struct {
 	lc       coordinatorv1.LockServiceClient
 	running  bool
 	stopEnds func() // stops the lock-end watch
+	// owner is the running shard-owner core (read without mu: Owner).
+	owner atomic.Pointer[shard.Owner]
 
 	// Events counts the replica's warnings across restarts.
 	Events *Events
@@ -54,7 +61,11 @@ type Replica struct {
 // NewReplica starts a replica with a proxy in front of every member of c.
 // opts are added to the gRPC server's (a test can inject a broken build).
 func NewReplica(id int, c *Cluster, opts ...grpc.ServerOption) (*Replica, error) {
-	r := &Replica{ID: id, opts: opts, Events: NewEvents()}
+	return newReplica(id, c, nil, opts...)
+}
+
+func newReplica(id int, c *Cluster, sc *ShardConfig, opts ...grpc.ServerOption) (*Replica, error) {
+	r := &Replica{ID: id, opts: opts, shardCfg: sc, Events: NewEvents()}
 	for i := range c.Size() {
 		p, err := NewProxy(strings.TrimPrefix(c.ClientURL(i), "http://"))
 		if err != nil {
@@ -108,36 +119,44 @@ func (r *Replica) Restart() error {
 	if r.running {
 		return nil
 	}
+	// A member of the shard core advertises its listener's address, which
+	// must be known before coordinator.New: it listens first. A replica of
+	// the queue core listens once it is built, as before (until then its
+	// clients' calls are refused at once rather than left waiting).
+	var lis net.Listener
+	var err error
+	if r.shardCfg != nil {
+		if lis, err = r.listen(); err != nil {
+			return err
+		}
+	}
 	// Validations answer from the watch-fed holder view (the checkers
 	// hold it to linearizability like everything else).
+	copts := []coordinator.Option{coordinator.WithLogger(ServerLog),
+		// The lease manager's warnings are counted (after WithLogger: it wins).
+		coordinator.WithLease(lease.WithKeyPrefix(KeyPrefix), lease.WithLogger(r.Events.Logger())),
+		coordinator.WithServer(server.WithServerOptions(r.opts...))}
+	if r.shardCfg != nil {
+		copts = append(copts, coordinator.WithShardCore(r.shardCfg.options(r, lis.Addr().String())...))
+	}
 	c, err := coordinator.New(clientv3.Config{
 		Endpoints:            r.Endpoints(),
 		DialTimeout:          2 * time.Second,
 		DialKeepAliveTime:    time.Second,
 		DialKeepAliveTimeout: time.Second,
 		Logger:               zap.NewNop(),
-	}, coordinator.WithLogger(ServerLog),
-		// The lease manager's warnings are counted (after WithLogger: it wins).
-		coordinator.WithLease(lease.WithKeyPrefix(KeyPrefix), lease.WithLogger(r.Events.Logger())),
-		coordinator.WithServer(server.WithServerOptions(r.opts...)))
+	}, copts...)
 	if err != nil {
+		if lis != nil {
+			lis.Close()
+		}
 		return err
 	}
-	addr := r.addr
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	var lis net.Listener
-	for attempt := 0; ; attempt++ {
-		lis, err = net.Listen("tcp", addr)
-		if err == nil || attempt == 50 {
-			break
+	if lis == nil {
+		if lis, err = r.listen(); err != nil {
+			c.Close()
+			return err
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		c.Close()
-		return fmt.Errorf("chaos: replica %d listen: %w", r.ID, err)
 	}
 	c.ServeInBackground(lis)
 	r.addr = lis.Addr().String()
@@ -163,7 +182,31 @@ func (r *Replica) Restart() error {
 	}()
 	r.stopEnds = func() { ecancel(); <-edone }
 	r.coord, r.running = c, true
+	r.owner.Store(c.Shards())
 	return nil
+}
+
+// listen listens on the replica's address (a free port the first time),
+// waiting for a moment if the port is still held by the replica just
+// stopped.
+func (r *Replica) listen() (net.Listener, error) {
+	addr := r.addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	var lis net.Listener
+	var err error
+	for attempt := 0; ; attempt++ {
+		lis, err = net.Listen("tcp", addr)
+		if err == nil || attempt == 50 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("chaos: replica %d listen: %w", r.ID, err)
+	}
+	return lis, nil
 }
 
 // SawEnd tells whether the replica's lock-end watch reported the end of
@@ -219,6 +262,7 @@ func (r *Replica) Crash() {
 		return
 	}
 	r.running = false
+	r.owner.Store(nil)
 	r.PartitionFromEtcd()
 	r.coord.GRPC().Stop() // before the etcd client closes: no call sees a closing client
 	r.coord.Crash()

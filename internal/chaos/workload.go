@@ -47,6 +47,16 @@ type Workload struct {
 	// mutex's holders do.
 	Kinds map[string]NameKind
 
+	// NoWatch leaves the watchers out (the shard-owner core serves no
+	// Watch yet).
+	NoWatch bool
+	// HoldOn, if set, picks the replica a Hold stream on name goes to (an
+	// index into Replicas; negative: the client's own): on the shard-owner
+	// core only the owner of the name's shard serves a Hold, the others
+	// answer UNAVAILABLE SHARD_NOT_SERVED (recorded as an ambiguous
+	// Acquire, as every UNAVAILABLE is).
+	HoldOn func(name string) int
+
 	Rec *Recorder
 	Reg *Register
 
@@ -117,7 +127,7 @@ func (w *Workload) Run(ctx context.Context) {
 	// One watcher per mutex's name (ids from 500), resuming its Watch
 	// streams.
 	for i, name := range w.Names {
-		if _, shaped := w.Kinds[name]; shaped {
+		if _, shaped := w.Kinds[name]; shaped || w.NoWatch {
 			continue
 		}
 		id := 500 + i
@@ -131,8 +141,10 @@ func (w *Workload) Run(ctx context.Context) {
 // for a scenario's targeted steps.
 type Client struct {
 	// Wait, TTL override the workload's Acquire wait and TTL when set;
-	// Timeout overrides an Acquire's deadline (by default the wait + 2s).
-	Wait, TTL, Timeout time.Duration
+	// Timeout overrides an Acquire's deadline (by default the wait + 2s);
+	// CallTimeout overrides the workload's CallTimeout for the client's
+	// other calls.
+	Wait, TTL, Timeout, CallTimeout time.Duration
 
 	w    *Workload
 	id   int
@@ -162,7 +174,11 @@ type reply struct {
 
 // call runs f with a bounded context and records it.
 func (c *Client) call(ctx context.Context, kind Kind, token int64, f func(context.Context) (reply, error)) (int64, Outcome) {
-	return c.callT(ctx, c.w.CallTimeout, kind, token, f)
+	timeout := c.w.CallTimeout
+	if c.CallTimeout > 0 {
+		timeout = c.CallTimeout
+	}
+	return c.callT(ctx, timeout, kind, token, f)
 }
 
 func (c *Client) callT(ctx context.Context, timeout time.Duration, kind Kind, token int64, f func(context.Context) (reply, error)) (int64, Outcome) {
