@@ -26,7 +26,8 @@ import (
 // (a *shard.NotServingError naming its address) calls the same RPC on that
 // member, under the caller's deadline, and answers the member's response
 // or status unchanged (forwardedError). A relay owns nothing and forwards
-// every call.
+// every call. A Hold stream is relayed to the owner the same way
+// (forwardhold.go); Watch is served by every replica itself.
 //
 // What it guarantees, and why:
 //
@@ -249,12 +250,26 @@ func notServedThere(err error) bool {
 	if !ok || st.Code() != codes.Unavailable {
 		return false
 	}
+	info := ourErrorInfo(st)
+	return info == nil || info.GetReason() == reasonShardNotServed
+}
+
+// unreachable tells whether a peer's failure is the transport's (the peer
+// is gone, or was never reached): UNAVAILABLE with no ErrorInfo of ours.
+func unreachable(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable && ourErrorInfo(st) == nil
+}
+
+// ourErrorInfo is the ErrorInfo a coordinatord replica put in st, nil if
+// none (the status is the transport's).
+func ourErrorInfo(st *status.Status) *errdetails.ErrorInfo {
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == errorDomain {
-			return info.GetReason() == reasonShardNotServed
+			return info
 		}
 	}
-	return true
+	return nil
 }
 
 var reasonShardNotServed = strings.TrimPrefix(coordinatorv1.ErrorReason_ERROR_REASON_SHARD_NOT_SERVED.String(), "ERROR_REASON_")

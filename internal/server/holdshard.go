@@ -19,11 +19,10 @@ import (
 // is open comes from the owner's grant watch (shard.Owner.WatchGrant).
 //
 // A Hold is served by the owner of the name's shard: it acquires, resumes
-// and renews here only (acquireHere, keepAliveHere), since only here can it
-// watch the grant; on another replica it fails SHARD_NOT_SERVED, which
-// names the owner. (Forwarding the stream itself is forward.go's to add.)
-// Its releases go through releaseOnShards, which reaches the owner
-// wherever the shard is by then.
+// and renews there only (acquireHere, keepAliveHere), since only there can
+// it watch the grant. Another replica (a relay too) relays the whole
+// stream to the owner (forwardhold.go). Its releases go through
+// releaseOnShards, which reaches the owner wherever the shard is by then.
 
 // forceReleaseOnShards is ForceRelease on the shard-owner core: here if
 // this replica serves the name's shard, else on its owner (forward.go),
@@ -61,15 +60,28 @@ func (s *LockService) forceReleaseHere(ctx context.Context, req *coordinatorv1.F
 	return &coordinatorv1.ForceReleaseResponse{Released: ok}, nil
 }
 
-// holdOnShards is Hold on the shard-owner core.
+// holdOnShards is Hold on the shard-owner core: its first message names
+// the lock, whose shard's owner serves the stream (holdHereOrThere).
 func (s *LockService) holdOnShards(stream coordinatorv1.LockService_HoldServer) error {
 	ctx := stream.Context()
 	in := receive(ctx, stream)
-	h, err := s.grantHoldOnShards(ctx, stream, in)
+	first, err := firstHold(ctx, in)
 	if err == nil {
-		err = h.serve(ctx, in)
+		err = s.holdHereOrThere(ctx, stream, in, first)
 	}
 	return s.fail(ctx, "Hold", err)
+}
+
+// firstHold is the stream's first message, which acquires or resumes.
+func firstHold(ctx context.Context, in holdInbox) (*coordinatorv1.HoldRequest, error) {
+	select {
+	case first := <-in.msgs:
+		return first, nil
+	case err := <-in.errs:
+		return nil, streamErr(err)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // shardHold is a Hold stream's grant on the shard-owner core.
@@ -102,16 +114,11 @@ const (
 )
 
 // grantHoldOnShards obtains the grant the first message asks for (acquire
-// or resume), watches its end and sends it to the client as Granted.
-func (s *LockService) grantHoldOnShards(ctx context.Context, stream coordinatorv1.LockService_HoldServer, in holdInbox) (*shardHold, error) {
-	var first *coordinatorv1.HoldRequest
-	select {
-	case first = <-in.msgs:
-	case err := <-in.errs:
-		return nil, streamErr(err)
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
+// or resume) on a shard this replica serves, watches its end and sends it
+// to the client as Granted. Elsewhere it fails with the
+// *shard.NotServingError that names the owner, and the client has heard
+// nothing.
+func (s *LockService) grantHoldOnShards(ctx context.Context, stream coordinatorv1.LockService_HoldServer, first *coordinatorv1.HoldRequest) (*shardHold, error) {
 	h := &shardHold{s: s, stream: stream, ctx: ctx}
 	g, err := h.obtain(ctx, first)
 	if err != nil {
