@@ -64,13 +64,26 @@ type restorePlanLine struct {
 const restorePlanHelp = `--last-revision is the highest revision etcd reached before the restore
 (etcdctl endpoint status, or the etcd_debugging_mvcc_current_revision metric you
 monitored); the bump then is last-revision - snapshot revision + margin. Without it, the bump is
-a billion revisions (hours of writes at 100,000 a second; 2^48 is the budget
-for all time). Whatever the bump, coordinatord detects the restore and raises
-the token epoch: the bump is for etcd's other clients and for watchers.
+a billion revisions (hours of writes at 100,000 a second). A plan that takes
+etcd's revision (snapshot revision + bump) past 2^47 is refused: tokens carry
+the revision in 48 bits, and coordinatord serves nothing once etcd passes 2^48
+(reason TOKENS_EXHAUSTED), so half the space stays for the years after.
+
+Restore with the bump. coordinatord also detects a restore without one and
+raises the token epoch (the restored etcd's raft index restarts at the member
+count, below what its revisions need since coordinatord's beacon), from the
+first write on; but a snapshot taken before coordinatord first ran on the key
+prefix holds no beacon, and only the bump keeps its tokens from coming back.
+The bump is also what etcd's other clients and watchers need.
 `
 
 // defaultBump is the bump without --last-revision.
 const defaultBump = 1_000_000_000
+
+// maxPlannedRevision is the highest revision a plan may take etcd to:
+// 2^47, half of what a token carries (internal/keyspace EpochShift is 48;
+// coordinatord refuses to serve past 2^48 - 1).
+const maxPlannedRevision = 1 << 47
 
 // restorePlan is what restore-plan prints.
 type restorePlan struct {
@@ -92,6 +105,9 @@ func runRestorePlan(x *call[restorePlanLine]) (restorePlan, error) {
 			return restorePlan{}, fmt.Errorf("--last-revision %d is below the snapshot's revision %d: pass the highest revision etcd reached", x.f.lastRevision, rev)
 		}
 		bump = x.f.lastRevision - rev + x.f.margin
+	}
+	if bump > maxPlannedRevision-rev {
+		return restorePlan{}, fmt.Errorf("a bump of %d takes etcd's revision from the snapshot's %d past 2^47 (%d): fencing tokens carry the revision in 48 bits, and coordinatord serves nothing past 2^48; check --last-revision, and if it is right, restore with a smaller bump (coordinatord detects the restore and raises the token epoch; etcd's own watchers must start over)", bump, rev, int64(maxPlannedRevision))
 	}
 	return restorePlan{Snapshot: x.f.snapshot, SnapshotRevision: rev, LastRevision: x.f.lastRevision, BumpRevision: bump,
 		Command: fmt.Sprintf("etcdutl snapshot restore %s --bump-revision %d --mark-compacted --data-dir NEW-DATA-DIR", x.f.snapshot, bump)}, nil

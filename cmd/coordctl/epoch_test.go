@@ -53,6 +53,35 @@ func TestRestorePlan(t *testing.T) {
 	}
 }
 
+// TestRestorePlanRefusesBumpsPast2To47 (issue 26, item 4): restore-plan
+// recommended, for --last-revision 281474976710697, a bump that took etcd
+// past 2^48, where tokens wrapped and fell. A plan that takes etcd's
+// revision past 2^47 is refused (exit 1, saying why); one that stops at
+// 2^47 is printed. The help no longer claims that every restore is
+// detected whatever the bump (item 5): it asks for the bump.
+func TestRestorePlanRefusesBumpsPast2To47(t *testing.T) {
+	snap, rev := snapshotFile(t)
+	const limit = int64(1) << 47
+	for _, last := range []string{"281474976710697", itoa(limit - 999)} {
+		r := run(t, "restore-plan", snap, "--last-revision", last, "--margin", "1000")
+		if r.code != 1 || !strings.Contains(r.stderr, "2^47") || r.stdout != "" {
+			t.Fatalf("restore-plan --last-revision %s: %+v; want refused (exit 1), naming 2^47", last, r)
+		}
+	}
+	var p struct {
+		BumpRevision string `json:"bumpRevision"`
+	}
+	out := must(t, 0, "-o", "json", "restore-plan", snap, "--last-revision", itoa(limit-1000), "--margin", "1000").stdout
+	if err := json.Unmarshal([]byte(out), &p); err != nil || p.BumpRevision != itoa(limit-rev) {
+		t.Fatalf("restore-plan up to 2^47: %q (%v); want bump %d", out, err, limit-rev)
+	}
+	help := run(t, "restore-plan", "-h")
+	all := help.stdout + help.stderr
+	if strings.Contains(all, "Whatever the bump") || !strings.Contains(all, "Restore with the bump") {
+		t.Fatalf("restore-plan help: %q; want it to ask for the bump, not to promise detection whatever the bump", all)
+	}
+}
+
 func itoa(n int64) string {
 	b, _ := json.Marshal(n)
 	return string(b)

@@ -25,6 +25,11 @@ func (k *Keeper) bump(ctx context.Context, obs observation, reason string) error
 	if next > keyspace.MaxEpoch {
 		return fmt.Errorf("cannot raise the epoch past %d: tokens have no room for more restores", keyspace.MaxEpoch)
 	}
+	// The new epoch's beacon is as young as the restored etcd: a restore of
+	// a snapshot taken right after this raise must show too.
+	if err := k.raiseIndex(ctx, &obs); err != nil {
+		return fmt.Errorf("raise the epoch to %d: %w", next, err)
+	}
 	rec := record{Epoch: next, State: stateFencing, Reason: reason, At: time.Now().UTC()}
 	b := beacon{Epoch: next, RaftIndex: obs.index, RaftTerm: obs.term, At: rec.At}
 	r, err := k.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k.ks.Epoch()), "=", obs.recMR)).

@@ -20,8 +20,9 @@ type observation struct {
 	recMR    int64 // the epoch key's mod revision (0: no key)
 	beacon   *beacon
 	beaconMR int64
-	index    uint64 // etcd's raft index (the greatest a member reported)
-	term     uint64 // and term
+	index    uint64     // etcd's raft index (the greatest a member reported)
+	term     uint64     // and term
+	members  []position // each member's answer
 }
 
 // check reads etcd's history, raises the epoch if it was restored, finishes
@@ -77,17 +78,18 @@ func (k *Keeper) observe(ctx context.Context) (observation, error) {
 		beaconKV, obs.beaconMR = kvs[0], kvs[0].ModRevision
 	}
 	obs.rec, obs.beacon = decodeRecord(recKV), decodeBeacon(beaconKV)
-	obs.index, obs.term, err = k.raftPosition(ctx)
+	obs.index, obs.term, obs.members, err = k.raftPosition(ctx)
 	return obs, err
 }
 
 // raftPosition is the greatest raft index and term the endpoints report,
-// asked all at once, each for half the check's time: a member that is down
-// does not hold the check up, and the greatest answer is the leader's when
-// it answers (a follower may lag, never lead).
-func (k *Keeper) raftPosition(ctx context.Context) (index, term uint64, err error) {
+// and each one's answer, asked all at once, each for half the check's time:
+// a member that is down does not hold the check up, and the greatest
+// answer is the leader's when it answers (a follower may lag, never lead).
+func (k *Keeper) raftPosition(ctx context.Context) (index, term uint64, members []position, err error) {
 	type answer struct {
 		index, term uint64
+		rev         int64
 		err         error
 	}
 	eps := k.cli.Endpoints()
@@ -101,7 +103,7 @@ func (k *Keeper) raftPosition(ctx context.Context) (index, term uint64, err erro
 				answers <- answer{err: fmt.Errorf("%s: %w", ep, err)}
 				return
 			}
-			answers <- answer{index: s.RaftIndex, term: s.RaftTerm}
+			answers <- answer{index: s.RaftIndex, term: s.RaftTerm, rev: s.Header.GetRevision()}
 		}()
 	}
 	var errs []error
@@ -112,11 +114,12 @@ func (k *Keeper) raftPosition(ctx context.Context) (index, term uint64, err erro
 			continue
 		}
 		index, term = max(index, a.index), max(term, a.term)
+		members = append(members, position{rev: a.rev, index: a.index})
 	}
 	if len(errs) == len(eps) {
-		return 0, 0, fmt.Errorf("etcd status: %w", errors.Join(errs...))
+		return 0, 0, nil, fmt.Errorf("etcd status: %w", errors.Join(errs...))
 	}
-	return index, term, nil
+	return index, term, members, nil
 }
 
 // restored says why obs shows a restore, or "" if it does not. maxRev is
@@ -140,12 +143,21 @@ func (k *Keeper) restored(obs observation, maxRev int64) string {
 		// member that restarted after elections reports an older one.
 		return fmt.Sprintf("etcd's raft index went back from %d to %d", obs.beacon.RaftIndex, obs.index)
 	}
+	for _, p := range obs.members {
+		if behind(p, obs.beacon, obs.beaconMR) {
+			return fmt.Sprintf("a member at revision %d has committed %d raft entries, fewer than the %d its revisions need since the beacon (raft index %d at revision %d)",
+				p.rev, p.index, obs.beacon.RaftIndex+1+uint64(p.rev-obs.beaconMR), obs.beacon.RaftIndex, obs.beaconMR)
+		}
+	}
 	return ""
 }
 
 // writeBeacon records obs's raft position, unless another replica rewrote
 // the beacon since obs read it.
 func (k *Keeper) writeBeacon(ctx context.Context, obs *observation) error {
+	if err := k.raiseIndex(ctx, obs); err != nil {
+		return fmt.Errorf("write the beacon: %w", err)
+	}
 	b := beacon{Epoch: obs.rec.Epoch, RaftIndex: obs.index, RaftTerm: obs.term, At: time.Now().UTC()}
 	r, err := k.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k.ks.EpochBeacon()), "=", obs.beaconMR)).
 		Then(clientv3.OpPut(k.ks.EpochBeacon(), encode(b))).Commit()

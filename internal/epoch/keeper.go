@@ -15,7 +15,10 @@
 // before: etcd's raft index and term (recorded in the beacon key, which a
 // restore brings back with its old values while the live ones restart at 1),
 // the revision and the beacon's mod revision (which a replica that kept
-// running remembers; a restore without --bump-revision takes them back).
+// running remembers; a restore without --bump-revision takes them back),
+// and each member's committed raft index against the entries its revision
+// needs since the beacon (beacon.go: a restore keeps or raises revisions
+// and restarts the index, so this shows even a young snapshot's restore).
 // The cluster ID is no signal: a restore with the same flags keeps it.
 //
 // Raising the epoch (bump.go) fences the old epoch off: every lease attached
@@ -26,7 +29,9 @@
 //
 // The Keeper is a gate: while it has not checked etcd, or handles a restore,
 // Epoch answers *PausedError (UNAVAILABLE, reason EPOCH_PAUSED), and the
-// server grants and validates nothing.
+// server grants and validates nothing; once etcd's revision passed what a
+// token carries, *ExhaustedError (FAILED_PRECONDITION, reason
+// TOKENS_EXHAUSTED; revisions.go).
 package epoch
 
 import (
@@ -121,17 +126,28 @@ type State struct {
 	// Floor is the smallest token of Epoch: every token below it is of an
 	// earlier epoch and never valid again.
 	Floor int64
-	// Paused is why granting and validating are paused, "" when they are not.
+	// Paused is why granting and validating are paused, "" when they are
+	// not: also once etcd's revision passed MaxRevision (then for good,
+	// until a restore).
 	Paused string
 	// Bumps counts the epochs this Keeper raised itself.
 	Bumps int64
+	// Revision is the greatest etcd revision this Keeper read or witnessed
+	// in the epoch, and Headroom the revisions etcd can still make before
+	// tokens run out (MaxRevision - Revision, 0 once past).
+	Revision, Headroom int64
 }
 
 // Status is the Keeper's current state.
 func (k *Keeper) Status() State {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return State{Epoch: k.epoch, Floor: keyspace.EpochFloor(k.epoch), Paused: k.pausedLocked(), Bumps: k.bumps.Load()}
+	paused := k.pausedLocked()
+	if paused == "" && k.maxRev > MaxRevision {
+		paused = (&ExhaustedError{Revision: k.maxRev}).Error()
+	}
+	return State{Epoch: k.epoch, Floor: keyspace.EpochFloor(k.epoch), Paused: paused, Bumps: k.bumps.Load(),
+		Revision: k.maxRev, Headroom: headroom(k.maxRev)}
 }
 
 // pausedLocked is why the gate is closed, "" when it is open (k.mu held).
@@ -147,13 +163,18 @@ func (k *Keeper) pausedLocked() string {
 // earlier check read may show a restore (or only a read that raced the
 // check): Epoch then checks etcd again, and answers only if that check
 // finds no restore. While paused, or when no check succeeded for three
-// intervals (etcd was down: it may come back restored), a *PausedError.
+// intervals (etcd was down: it may come back restored), a *PausedError;
+// once etcd's revision (at, or any seen in the epoch) passed MaxRevision, an
+// *ExhaustedError: a token of it would go back.
 func (k *Keeper) Epoch(ctx context.Context, at int64) (int64, error) {
 	k.mu.Lock()
-	epoch, paused, suspicious := k.epoch, k.pausedLocked(), at > 0 && at < k.maxRev
+	epoch, paused, suspicious, top := k.epoch, k.pausedLocked(), at > 0 && at < k.maxRev, max(at, k.maxRev)
 	k.mu.Unlock()
 	if paused != "" {
 		return 0, &PausedError{Reason: paused}
+	}
+	if top > MaxRevision {
+		return 0, &ExhaustedError{Revision: top}
 	}
 	if !suspicious {
 		return epoch, nil

@@ -47,6 +47,7 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 		sh *fence.SharedHolderError
 		am *counter.AlgorithmMismatchError
 		ec *epoch.ChangedError
+		ex *epoch.ExhaustedError
 		ns *shard.NotServingError
 		nc *NotOnShardCoreError
 	)
@@ -111,6 +112,11 @@ func toStatus(ctx context.Context, log *slog.Logger, method string, err error) e
 			map[string]string{"epoch": strconv.FormatInt(ec.From, 10), "currentEpoch": strconv.FormatInt(ec.To, 10)})
 	case errors.Is(err, epoch.ErrChanged):
 		return withReason(codes.OutOfRange, err.Error(), "EPOCH_CHANGED", nil)
+	case errors.As(err, &ex):
+		return withReason(codes.FailedPrecondition, err.Error(), "TOKENS_EXHAUSTED",
+			map[string]string{"revision": strconv.FormatInt(ex.Revision, 10), "maximum": strconv.FormatInt(epoch.MaxRevision, 10)})
+	case errors.Is(err, epoch.ErrExhausted):
+		return withReason(codes.FailedPrecondition, err.Error(), "TOKENS_EXHAUSTED", nil)
 	case errors.Is(err, epoch.ErrPaused):
 		return withReason(codes.Unavailable, err.Error(), "EPOCH_PAUSED", nil, retryAfter(retryEtcd))
 	case errors.As(err, &ns):

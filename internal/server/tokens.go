@@ -43,10 +43,18 @@ func (epochZero) Changed(int64) <-chan struct{} { return nil }
 // epoch is the current epoch, or why none may be used now.
 func (s *LockService) epoch(ctx context.Context) (int64, error) { return s.epochs.Epoch(ctx, 0) }
 
-// wireToken is the token of create revision rev in epoch (0 stays 0).
+// wireToken is the token of create revision rev in epoch (0 stays 0). A
+// revision past what a token carries (2^48 - 1) has no token: 0, never one
+// that wraps below the tokens before it (issue 26, item 4). The keeper
+// refuses every call once it has seen such a revision (*epoch.ExhaustedError,
+// after a grant too: both cores check the epoch again before answering a
+// grant), so only an answer racing that refusal can get here.
 func wireToken(epoch, rev int64) int64 {
 	if rev <= 0 {
 		return rev
+	}
+	if !keyspace.TokenFits(epoch, rev) {
+		return 0
 	}
 	return keyspace.TokenOf(epoch, rev)
 }
@@ -71,6 +79,11 @@ func (s *LockService) revisionOf(ctx context.Context, token int64) (int64, bool,
 // release, a renewal there is not of the grant the caller held).
 func (s *LockService) unchanged(ctx context.Context, token int64) error {
 	e, err := s.epoch(ctx)
+	if errors.Is(err, epoch.ErrExhausted) {
+		// etcd's revisions ran out during the call: its token fits, and
+		// what it did at etcd stands; only calls after it are refused.
+		e, err = s.epochs.Status().Epoch, nil
+	}
 	if err != nil {
 		return err
 	}

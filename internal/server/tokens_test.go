@@ -20,13 +20,19 @@ import (
 	"github.com/coordinatord/coordinatord/internal/shard"
 )
 
-// pausingEpochs is epoch 0 whose n-th call answers paused.
+// pausingEpochs is epoch 0 whose n-th call answers paused; with exhausted
+// set, its calls from the n-th on answer that etcd's revisions ran out.
 type pausingEpochs struct {
 	calls, pauseAt atomic.Int64
+	exhausted      atomic.Bool
 }
 
 func (p *pausingEpochs) Epoch(context.Context, int64) (int64, error) {
-	if p.calls.Add(1) == p.pauseAt.Load() {
+	n, at := p.calls.Add(1), p.pauseAt.Load()
+	switch {
+	case p.exhausted.Load() && at > 0 && n >= at:
+		return 0, &epoch.ExhaustedError{Revision: epoch.MaxRevision + 1}
+	case n == at:
 		return 0, &epoch.PausedError{Reason: "a check failed"}
 	}
 	return 0, nil
@@ -165,4 +171,65 @@ func releaseAndRenewalPausedMidCall(t *testing.T, core string) {
 			_, _ = svc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: "l", Token: g.GetToken(), Handle: g.GetHandle()})
 		})
 	}
+}
+
+// TestWireTokenNeverWraps (issue 26, item 4): a revision past 2^48 - 1
+// spilled into the epoch bits, and the token fell below the ones before
+// it; it has no token now (0, which no resource accepts).
+func TestWireTokenNeverWraps(t *testing.T) {
+	for _, tc := range []struct{ epoch, rev, want int64 }{
+		{0, 5, 5},
+		{1, 5, 1<<48 + 5},
+		{1, epoch.MaxRevision, 1<<49 - 1},
+		{1, epoch.MaxRevision + 1, 0},
+		{0, epoch.MaxRevision + 41, 0},
+		{3, 0, 0},
+	} {
+		if got := wireToken(tc.epoch, tc.rev); got != tc.want {
+			t.Errorf("wireToken(%d, %d) = %d, want %d", tc.epoch, tc.rev, got, tc.want)
+		}
+	}
+}
+
+// TestTokensExhaustedAcrossACall (issue 26, item 4), on both cores: a grant
+// after which the keeper has seen etcd past 2^48 - 1 is not answered
+// (FAILED_PRECONDITION, TOKENS_EXHAUSTED) and is given up, so the retry of
+// a try-lock is granted; a release whose own write took etcd past it
+// answers its result (its token fits); every call after is refused.
+func TestTokensExhaustedAcrossACall(t *testing.T) {
+	for _, core := range cores {
+		t.Run(core, func(t *testing.T) { tokensExhaustedAcrossACall(t, core) })
+	}
+}
+
+func tokensExhaustedAcrossACall(t *testing.T, core string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	svc, ep := pausingService(t, ctx, core)
+	ep.exhausted.Store(true)
+	exhausted := func(what string, err error) {
+		t.Helper()
+		if status.Code(err) != codes.FailedPrecondition || reasonOf(err) != "TOKENS_EXHAUSTED" {
+			t.Fatalf("%s: %v; want FAILED_PRECONDITION, TOKENS_EXHAUSTED", what, err)
+		}
+	}
+	req := &coordinatorv1.AcquireRequest{Name: "l", Ttl: durationpb.New(30 * time.Second), Wait: durationpb.New(0)}
+	ep.pauseAt.Store(ep.calls.Load() + 2) // the check after the grant
+	_, err := svc.Acquire(ctx, req)
+	exhausted("Acquire whose grant passed 2^48 - 1", err)
+
+	ep.pauseAt.Store(0)
+	g, err := svc.Acquire(ctx, req) // wait 0: granted only if nothing holds l
+	if err != nil || g.GetToken() <= 0 {
+		t.Fatalf("the retry: %v, %v; want granted at once (the refused grant given up)", g, err)
+	}
+	ep.pauseAt.Store(ep.calls.Load() + 2) // the check after the release's etcd work
+	r, err := svc.Release(ctx, &coordinatorv1.ReleaseRequest{Name: "l", Token: g.GetToken(), Handle: g.GetHandle()})
+	if err != nil || !r.GetReleased() {
+		t.Fatalf("Release across the last revision: %v, %v; want released", r, err)
+	}
+	_, err = svc.Acquire(ctx, req)
+	exhausted("Acquire after", err)
+	_, err = svc.KeepAlive(ctx, &coordinatorv1.KeepAliveRequest{Name: "l", Token: g.GetToken(), Handle: g.GetHandle()})
+	exhausted("KeepAlive after", err)
 }

@@ -167,6 +167,15 @@ const (
 	// Metadata "epoch" (the stream's) and "currentEpoch". Start over with
 	// start_revision 0 (the current state).
 	ErrorReason_ERROR_REASON_EPOCH_CHANGED ErrorReason = 81
+	// FAILED_PRECONDITION: etcd's revision passed 2^48 - 1, the greatest a
+	// fencing token carries (tokens are epoch * 2^48 + revision): a token
+	// made now would be below the earlier ones. The replica grants, renews,
+	// releases and validates nothing, and retrying does not help: an
+	// operator restores etcd from a snapshot with a smaller --bump-revision
+	// (coordctl restore-plan). Metadata "revision" (the one seen) and
+	// "maximum" (2^48 - 1). The metric coordinatord_token_revision_headroom
+	// shows it coming.
+	ErrorReason_ERROR_REASON_TOKENS_EXHAUSTED ErrorReason = 82
 	// UNAVAILABLE: the replica that answered cannot answer for the name's
 	// shard now: another member owns it, its state is being loaded after a
 	// takeover, or the owner's lease deadline passed before etcd confirmed a
@@ -219,6 +228,7 @@ var (
 		61: "ERROR_REASON_SHARED_HOLDER_CANNOT_FENCE",
 		80: "ERROR_REASON_EPOCH_PAUSED",
 		81: "ERROR_REASON_EPOCH_CHANGED",
+		82: "ERROR_REASON_TOKENS_EXHAUSTED",
 		90: "ERROR_REASON_SHARD_NOT_SERVED",
 		91: "ERROR_REASON_NOT_ON_SHARD_CORE",
 	}
@@ -259,6 +269,7 @@ var (
 		"ERROR_REASON_SHARED_HOLDER_CANNOT_FENCE":  61,
 		"ERROR_REASON_EPOCH_PAUSED":                80,
 		"ERROR_REASON_EPOCH_CHANGED":               81,
+		"ERROR_REASON_TOKENS_EXHAUSTED":            82,
 		"ERROR_REASON_SHARD_NOT_SERVED":            90,
 		"ERROR_REASON_NOT_ON_SHARD_CORE":           91,
 	}
@@ -295,7 +306,7 @@ var File_coordinator_v1_errors_proto protoreflect.FileDescriptor
 
 const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\xa8\n" +
+	"\x1bcoordinator/v1/errors.proto\x12\x0ecoordinator.v1*\xcb\n" +
 	"\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
@@ -335,6 +346,7 @@ const file_coordinator_v1_errors_proto_rawDesc = "" +
 	"'ERROR_REASON_SHARED_HOLDER_CANNOT_FENCE\x10=\x12\x1d\n" +
 	"\x19ERROR_REASON_EPOCH_PAUSED\x10P\x12\x1e\n" +
 	"\x1aERROR_REASON_EPOCH_CHANGED\x10Q\x12!\n" +
+	"\x1dERROR_REASON_TOKENS_EXHAUSTED\x10R\x12!\n" +
 	"\x1dERROR_REASON_SHARD_NOT_SERVED\x10Z\x12\"\n" +
 	"\x1eERROR_REASON_NOT_ON_SHARD_CORE\x10[BGZEgithub.com/coordinatord/coordinatord/api/coordinator/v1;coordinatorv1b\x06proto3"
 
