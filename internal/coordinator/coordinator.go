@@ -138,7 +138,12 @@ func New(etcd clientv3.Config, opts ...Option) (*Coordinator, error) {
 	svcOpts := []server.ServiceOption{server.WithEpochs(c.ep)}
 	if o.sharded {
 		sctx, scancel := context.WithTimeout(context.Background(), firstCheckTimeout)
-		c.own, err = shard.NewOwner(sctx, cli, mgr.Keyspace().Prefix(), o.shards...)
+		// One configuration for both cores: the limits given to the lease
+		// manager and the validator apply to the shard core too (explicit
+		// shard options come after, and win).
+		waiters, _ := mgr.Limits()
+		shardOpts := append([]shard.OwnerOption{shard.WithMaxWaitersPerLock(int(waiters)), shard.WithMarkLimit(c.val.MarkLimit())}, o.shards...)
+		c.own, err = shard.NewOwner(sctx, cli, mgr.Keyspace().Prefix(), shardOpts...)
 		scancel()
 		if err != nil {
 			mgr.Close()

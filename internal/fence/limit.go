@@ -128,3 +128,6 @@ func (c *creators) acquire(ctx context.Context, ih string) (release func(), err 
 		return nil, ctx.Err()
 	}
 }
+
+// MarkLimit is the cap on marks per identity (WithMarkLimit; 0: none).
+func (v *Validator) MarkLimit() int64 { return v.markLimit }

@@ -228,3 +228,9 @@ func (m *Manager) etcdErr(ctx context.Context, op string, err error) error {
 // ErrUnavailable, and etcd's "database space exceeded" in ErrStoreFull
 // (etcdx.Classify).
 func classify(op string, err error) error { return etcdx.Classify(op, err) }
+
+// Limits are the manager's limits on waiters per lock and locks per
+// identity (0: none), for a core that enforces them elsewhere.
+func (m *Manager) Limits() (maxWaitersPerLock, maxLocksPerIdentity int64) {
+	return m.maxWaiters, m.maxOwned
+}

@@ -59,16 +59,8 @@ type Session struct {
 // belongs to the caller (AsCaller): its handle answers no other identity.
 func (m *Manager) OpenSession(ctx context.Context, ttl time.Duration, owner string, opts ...CallOption) (*Session, error) {
 	c := callOptionsOf(opts)
-	if ttl == 0 {
-		ttl = m.defaultTTL
-	}
-	switch {
-	case ttl < 0 || ttl < time.Second:
-		return nil, fieldErr("ttl", "must be at least 1s, got %v", ttl)
-	case ttl > m.maxTTL:
-		return nil, fieldErr("ttl", "is %v; the server allows at most %v (--max-ttl)", ttl, m.maxTTL)
-	}
-	if err := validateOwner(owner); err != nil {
+	ttl, err := m.SessionTTL(ttl, owner)
+	if err != nil {
 		return nil, err
 	}
 	start := m.now()
@@ -208,4 +200,22 @@ func (m *Manager) CloseSession(ctx context.Context, handle string, opts ...CallO
 		return false, nil, m.etcdErr(ctx, "revoke session", err)
 	}
 	return true, hs, nil
+}
+
+// SessionTTL resolves a session's TTL (0: the default) and checks it and
+// the owner label, as OpenSession does; it reads and writes nothing.
+func (m *Manager) SessionTTL(ttl time.Duration, owner string) (time.Duration, error) {
+	if ttl == 0 {
+		ttl = m.defaultTTL
+	}
+	switch {
+	case ttl < 0 || ttl < time.Second:
+		return 0, fieldErr("ttl", "must be at least 1s, got %v", ttl)
+	case ttl > m.maxTTL:
+		return 0, fieldErr("ttl", "is %v; the server allows at most %v (--max-ttl)", ttl, m.maxTTL)
+	}
+	if err := validateOwner(owner); err != nil {
+		return 0, err
+	}
+	return ttl, nil
 }

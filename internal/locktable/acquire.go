@@ -16,12 +16,17 @@ func (t *Table) Acquire(now time.Time, a Acquire) {
 		return
 	}
 	lk := t.lockOf(a.Name)
+	if a.Session != "" && sessionIn(lk, a.Session) {
+		t.reply(Reply{Call: a.Call, Outcome: SessionBusy})
+		t.forget(lk, now)
+		return
+	}
 	if r, ok := mismatch(lk, a); ok {
 		t.reply(r)
 		t.forget(lk, now)
 		return
 	}
-	if t.cfg.MaxWaiters > 0 && len(lk.waiters) >= t.cfg.MaxWaiters {
+	if t.cfg.MaxWaiters > 0 && len(lk.waiters) >= t.cfg.MaxWaiters && a.Wait > 0 { // a try-lock is refused NotGranted below
 		t.reply(Reply{Call: a.Call, Outcome: TooManyWaiters, InForce: int32(t.cfg.MaxWaiters)})
 		return
 	}
@@ -66,7 +71,7 @@ func (t *Table) retry(now time.Time, a Acquire, reqKey string) bool {
 			t.calls[a.Call] = g
 			return true
 		}
-		gr := t.grantOf(g, a.RequestID)
+		gr := t.grantOf(g, a.RequestID, a.Secret[:])
 		gr.Resumed = true
 		t.reply(Reply{Call: a.Call, Outcome: Granted, Grant: gr})
 		return true
@@ -76,11 +81,11 @@ func (t *Table) retry(now time.Time, a Acquire, reqKey string) bool {
 			t.reply(Reply{Call: a.Call, Outcome: RequestIDReused})
 			return true
 		}
-		// The first call's caller gave up waiting for its answer (a lost
-		// acknowledgment, a timeout): the retry takes its place in line.
-		delete(t.waiting, w.a.Call)
-		t.reply(Reply{Call: w.a.Call, Outcome: Cancelled})
-		w.a.Call = a.Call
+		// A retry while the first call still waits (its caller may have
+		// given up on it, a lost acknowledgment, or not): both share the
+		// place in line and get the same answer; a caller that goes away
+		// withdraws its call only (Cancel).
+		w.more = append(w.more, a.Call)
 		w.retried = true
 		t.waiting[a.Call] = w
 		return true
@@ -89,12 +94,13 @@ func (t *Table) retry(now time.Time, a Acquire, reqKey string) bool {
 }
 
 func sameRequest(r Record, a Acquire) bool {
-	return r.Name == a.Name && r.Owner == a.Owner && r.TTLms == millis(a.TTL) &&
-		r.Limit == max(a.Limit, 1) && r.Shared == a.Shared && r.MaxHoldMs == millis(a.MaxHold)
+	return r.Name == a.Name && r.Session == a.Session && r.Owner == a.Owner && r.TTLms == millis(a.TTL) &&
+		r.Limit == max(a.Limit, 1) && r.Shared == a.Shared && r.MaxHoldMs == millis(a.MaxHold) &&
+		r.LockDelayMs == millis(a.LockDelay)
 }
 
 func sameWaiter(w, a Acquire) bool {
-	return w.Name == a.Name && w.Owner == a.Owner && w.TTL == a.TTL && max(w.Limit, 1) == max(a.Limit, 1) &&
+	return w.Name == a.Name && w.Session == a.Session && w.Owner == a.Owner && w.TTL == a.TTL && max(w.Limit, 1) == max(a.Limit, 1) &&
 		w.Shared == a.Shared && w.MaxHold == a.MaxHold && w.LockDelay == a.LockDelay
 }
 
@@ -135,7 +141,7 @@ func (t *Table) admits(now time.Time, lk *lock, w *waiter) bool {
 	}
 	switch {
 	case lk.limit > 1:
-		return n < lk.limit
+		return n < lk.limit && freeSlot(lk, now) >= 0
 	case w.a.Shared:
 		return !exclusive
 	default:
@@ -161,14 +167,18 @@ func (t *Table) refuseElapsed(now time.Time, lk *lock) {
 			continue
 		}
 		t.unqueue(w)
-		t.reply(Reply{Call: w.a.Call, Outcome: NotGranted, HolderToken: holderToken(lk)})
+		for _, c := range w.callIDs() {
+			t.reply(Reply{Call: c, Outcome: NotGranted, HolderToken: holderToken(lk)})
+		}
 	}
 	clear(lk.waiters[len(kept):])
 	lk.waiters = kept
 }
 
 func (t *Table) unqueue(w *waiter) {
-	delete(t.waiting, w.a.Call)
+	for _, c := range w.callIDs() {
+		delete(t.waiting, c)
+	}
 	if w.reqKey != "" && t.queued[w.reqKey] == w {
 		delete(t.queued, w.reqKey)
 	}
@@ -191,22 +201,25 @@ func (t *Table) grant(now time.Time, lk *lock, w *waiter) {
 	a := w.a
 	id := t.newGrantID()
 	secret := a.Secret[:]
-	if a.RequestID != "" {
+	if a.RequestID != "" && a.Session == "" {
 		secret = derivedSecret(a.RequestID, a.Caller, a.Name, id)
 	}
 	g := &grant{
 		rec: Record{Name: a.Name, ID: id, Caller: a.Caller, Owner: a.Owner, RequestID: w.reqKey,
 			TTLms: millis(a.TTL), MaxHoldMs: millis(a.MaxHold), AcquiredMs: now.UnixMilli(),
-			Limit: lk.limit, Slot: freeSlot(lk), Shared: a.Shared, Secret: secretSum(secret)},
+			Limit: lk.limit, Slot: max(freeSlot(lk, now), 0), Shared: a.Shared, Secret: secretSum(secret),
+			LockDelayMs: millis(a.LockDelay), Session: a.Session},
 		key: t.cfg.Prefix + t.cfg.Escape(a.Name) + "/" + id, state: pending, acquiredAt: now,
-		lockDelay: a.LockDelay, calls: []CallID{a.Call}, secret: secret, retried: w.retried,
+		lockDelay: a.LockDelay, calls: w.callIDs(), secret: secret, retried: w.retried,
 	}
 	if a.MaxHold > 0 {
 		g.maxHoldUntil = now.Add(a.MaxHold)
 	}
 	lk.holders = append(lk.holders, g)
 	t.grants[id] = g
-	t.calls[a.Call] = g
+	for _, c := range g.calls {
+		t.calls[c] = g
+	}
 	if w.reqKey != "" {
 		t.requests[w.reqKey] = g
 	}
@@ -215,8 +228,9 @@ func (t *Table) grant(now time.Time, lk *lock, w *waiter) {
 	t.openOps = append(t.openOps, Op{Key: g.key, Value: g.rec.encode(), Name: a.Name})
 }
 
-// freeSlot is the lowest slot no holder but an ending one uses.
-func freeSlot(lk *lock) int32 {
+// freeSlot is the lowest slot below the limit that no holder but an
+// ending one uses and that is past its lock-delay; -1 if none.
+func freeSlot(lk *lock, now time.Time) int32 {
 	if lk.limit <= 1 {
 		return 0
 	}
@@ -226,24 +240,32 @@ func freeSlot(lk *lock) int32 {
 			used[g.rec.Slot] = true
 		}
 	}
-	var s int32
-	for used[s] {
-		s++
+	for s := range lk.limit {
+		if !used[s] && !lk.slotDelay[s].After(now) {
+			return s
+		}
 	}
-	return s
+	return -1
 }
 
 // grantOf is the grant as its holder sees it; requestID re-derives the
-// handle of a retried request.
-func (t *Table) grantOf(g *grant, requestID string) *Grant {
-	secret := g.secret
-	if requestID != "" {
+// handle of a retried request (sessionSecret, the retry's, is a session
+// grant's).
+func (t *Table) grantOf(g *grant, requestID string, sessionSecret []byte) *Grant {
+	secret, id := g.secret, g.rec.ID
+	switch {
+	case g.rec.Session != "":
+		id = g.rec.Session
+		if secret == nil {
+			secret = sessionSecret
+		}
+	case requestID != "":
 		secret = derivedSecret(requestID, g.rec.Caller, g.rec.Name, g.rec.ID)
 	}
 	gr := &Grant{Name: g.rec.Name, Token: g.token, TTL: time.Duration(g.rec.TTLms) * time.Millisecond,
 		ExpiresAt: g.expires, AcquiredAt: g.acquiredAt, Slot: g.rec.Slot, Shared: g.rec.Shared, Limit: g.rec.Limit}
 	if secret != nil {
-		gr.Handle = formatHandle(g.rec.ID, secret)
+		gr.Handle = formatHandle(id, secret)
 	}
 	return gr
 }

@@ -22,8 +22,13 @@ type Acquire struct {
 	Shared    bool          // a read-write lock's reader
 	// Secret is 16 random bytes from the owner: the secret of the handle
 	// (ignored with a RequestID, whose handle is derived from it, so that a
-	// retry on any owner gets the same handle).
+	// retry on any owner gets the same handle). With a Session, it is the
+	// session's secret, and the handle is the session's.
 	Secret [16]byte
+	// Session is the id of the session the grant is held through ("" for
+	// none): its handle is the session's handle, and the session's
+	// keep-alives and close reach it by this id (SessionGrants).
+	Session string
 }
 
 // Outcome is how a call ended.
@@ -54,6 +59,8 @@ const (
 	Forbidden
 	// Cancelled: the owner cancelled the call (its caller went away).
 	Cancelled
+	// SessionBusy: the session already holds or waits for this lock.
+	SessionBusy
 	// Unavailable: the table was dropped (ownership lost, an unknown
 	// commit outcome); the call may be retried, with its request id.
 	Unavailable
@@ -98,12 +105,16 @@ type Unit struct {
 	Ops []Op
 }
 
-// Op is one etcd write: a put of a grant's key and record, or a delete.
+// Op is one etcd write: a put of a grant's key and record, a delete, or
+// a put of a lock's end marker (Ephemeral, ended.go).
 type Op struct {
 	Key    string
-	Value  string // the grant's record, for a put
+	Value  string // the grant's record (or the end marker), for a put
 	Delete bool
 	Name   string // the lock the key belongs to
+	// Ephemeral: a put that lives only as long as the owner's member (an
+	// end marker): the owner writes it on its member's etcd lease.
+	Ephemeral bool
 }
 
 // Ready is what the owner must do after a step: persist the units in

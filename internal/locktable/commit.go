@@ -37,13 +37,10 @@ func (t *Table) Committed(now time.Time, unit uint64, rev int64) {
 func (t *Table) commitGrant(now time.Time, g *grant, rev int64) {
 	g.state, g.token = live, rev
 	g.expires = now.Add(time.Duration(g.rec.TTLms) * time.Millisecond)
-	if !g.maxHoldUntil.IsZero() {
-		g.expires = minTime(g.expires, g.maxHoldUntil)
-	}
 	t.timers.push(g.expires, g, nil, nil)
 	for i, c := range g.calls {
 		delete(t.calls, c)
-		gr := t.grantOf(g, "")
+		gr := t.grantOf(g, "", nil)
 		gr.Resumed = i > 0 || g.retried // a retry of its request id joined it
 		t.reply(Reply{Call: c, Outcome: Granted, Grant: gr})
 	}

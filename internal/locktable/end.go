@@ -16,7 +16,7 @@ func (t *Table) Release(now time.Time, call CallID, name string, token int64, ha
 	}
 	g := t.holderOf(now, name, token, handle, caller)
 	if g == nil {
-		t.reply(Reply{Call: call, Outcome: Released})
+		t.reply(Reply{Call: call, Outcome: t.notHeld(now, name, token, handle, caller, Released)})
 		return
 	}
 	g.endCalls = append(g.endCalls, call)
@@ -33,17 +33,16 @@ func (t *Table) KeepAlive(now time.Time, call CallID, name string, token int64, 
 	}
 	g := t.holderOf(now, name, token, handle, caller)
 	if g == nil {
-		t.reply(Reply{Call: call, Outcome: NotHeld})
+		t.reply(Reply{Call: call, Outcome: t.notHeld(now, name, token, handle, caller, NotHeld)})
 		return
 	}
 	ttl := time.Duration(g.rec.TTLms) * time.Millisecond
 	next := now.Add(ttl)
-	if !g.maxHoldUntil.IsZero() {
-		if !g.maxHoldUntil.After(g.expires) {
-			t.reply(Reply{Call: call, Outcome: MaxHoldReached})
-			return
-		}
-		next = minTime(next, g.maxHoldUntil)
+	if !g.maxHoldUntil.IsZero() && !g.maxHoldUntil.After(now) {
+		// Renewals end at the max hold; the grant is left to end with the
+		// TTL of its last renewal (the API's max_hold).
+		t.reply(Reply{Call: call, Outcome: MaxHoldReached})
+		return
 	}
 	if next.After(g.expires) {
 		g.expires = next
@@ -61,6 +60,9 @@ func (t *Table) holderOf(now time.Time, name string, token int64, handle, caller
 		return nil
 	}
 	g := t.grants[id]
+	if g == nil { // a session's handle names the session: the grant is found by its token
+		g = sessionHolder(t.locks[name], token, id)
+	}
 	if g == nil || g.state != live || g.rec.Name != name || g.token != token || g.rec.Caller != caller || !g.expires.After(now) {
 		return nil
 	}
@@ -82,8 +84,16 @@ func (t *Table) end(now time.Time, g *grant, expired bool) {
 	t.openOps = append(t.openOps, Op{Key: g.key, Delete: true, Name: g.rec.Name})
 	lk := t.locks[g.rec.Name]
 	if expired && g.lockDelay > 0 {
-		lk.delayUntil = now.Add(g.lockDelay)
-		t.timers.push(lk.delayUntil, nil, nil, lk)
+		until := now.Add(g.lockDelay)
+		if lk.limit > 1 { // a semaphore's delay holds back the expired holder's slot only
+			if lk.slotDelay == nil {
+				lk.slotDelay = map[int32]time.Time{}
+			}
+			lk.slotDelay[g.rec.Slot] = until
+		} else {
+			lk.delayUntil = until
+		}
+		t.timers.push(until, nil, nil, lk)
 	}
 	t.admit(now, lk)
 }
@@ -93,6 +103,13 @@ func (t *Table) end(now time.Time, g *grant, expired bool) {
 // decided; when it commits with no caller left to answer it is ended at
 // once, unless a request id lets a retry find it.
 func (t *Table) Cancel(now time.Time, call CallID) {
+	if w := t.waiting[call]; w != nil && len(w.more) > 0 { // a retry shares the place: only this call leaves
+		delete(t.waiting, call)
+		calls := slices.DeleteFunc(w.callIDs(), func(c CallID) bool { return c == call })
+		w.a.Call, w.more = calls[0], calls[1:]
+		t.reply(Reply{Call: call, Outcome: Cancelled})
+		return
+	}
 	if w := t.waiting[call]; w != nil {
 		lk := t.locks[w.a.Name]
 		lk.waiters = slices.DeleteFunc(lk.waiters, func(x *waiter) bool { return x == w })

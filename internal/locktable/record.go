@@ -26,7 +26,12 @@ type Record struct {
 	Limit      int32  `json:"l,omitempty"`
 	Slot       int32  `json:"s,omitempty"`
 	Shared     bool   `json:"sh,omitempty"`
-	Secret     string `json:"h"` // SHA-256 of the handle's secret, hex
+	// LockDelayMs is the grant's lock-delay (applied if it expires).
+	LockDelayMs int64  `json:"ld,omitempty"`
+	Secret      string `json:"h"` // SHA-256 of the handle's secret, hex
+	// Session is the id of the session the grant is held through: its
+	// handle is "<session id>.<secret>".
+	Session string `json:"ss,omitempty"`
 }
 
 func (r Record) encode() string {

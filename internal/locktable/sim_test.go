@@ -30,8 +30,8 @@ import (
 //     neither etcd nor the table holds anything;
 //   - invariant 8: a request id retried by another identity never finds
 //     another identity's grant;
-//   - invariant 12: no unit holds two operations on one key, nor two new
-//     grants of one name;
+//   - invariant 12: no unit holds two operations on one key (end markers
+//     included), nor two new grants of one name;
 //   - every call is answered exactly once;
 //   - Ready.Ended: every grant answered Granted is reported ended exactly
 //     once, when its delete commits (by the table that committed it, with
@@ -40,7 +40,10 @@ import (
 //     expiry with Expired), or is still held at the end; a table dropped by
 //     Fail reports each grant it showed as Dropped, and a grant whose
 //     delete reached etcd unseen (a commit of unknown outcome) is reported
-//     only so.
+//     only so;
+//   - end markers (ended.go): the unit that deletes a grant puts its lock's
+//     marker listing it as the table reports its end (released, forced),
+//     or lists it nowhere (expired), and lists no grant it does not delete.
 //
 // SIM_SEEDS sets how many seeds run (default 300, 40 with -short); SIM_SEED
 // runs one.
@@ -120,6 +123,7 @@ type sim struct {
 	ended    map[grantID]int
 	dropped  map[grantID]bool
 	deleted  map[grantID]string
+	marked   map[grantID]EndCause // by the end marker of the unit that deleted it
 	kinds    endKinds
 }
 
@@ -148,7 +152,8 @@ func newSim(t *testing.T, seed uint64) *sim {
 	s := &sim{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		now: time.Unix(1_700_000_000, 0), etcd: map[string]etcdKV{}, rev: 100,
 		calls: map[CallID]simCall{}, last: map[string]int64{}, shape: map[string]shape{},
-		answered: map[grantID]bool{}, ended: map[grantID]int{}, dropped: map[grantID]bool{}, deleted: map[grantID]string{}}
+		answered: map[grantID]bool{}, ended: map[grantID]int{}, dropped: map[grantID]bool{}, deleted: map[grantID]string{},
+		marked: map[grantID]EndCause{}}
 	for i := range 4 {
 		n := fmt.Sprintf("lock/%d", i)
 		s.names = append(s.names, n)
@@ -168,7 +173,7 @@ func newSim(t *testing.T, seed uint64) *sim {
 
 func (s *sim) newTable(loaded []Loaded) *Table {
 	s.incarnation++
-	tab := New(Config{Prefix: "/d/", Term: s.term, Incarnation: s.incarnation, MaxWaiters: 6})
+	tab := New(Config{Prefix: "/d/", EndedPrefix: "/e/", Term: s.term, Incarnation: s.incarnation, MaxWaiters: 6})
 	tab.Load(s.now, loaded)
 	return tab
 }
@@ -346,17 +351,27 @@ func (s *sim) apply(u Unit, how string) {
 	s.rev++
 	seen := map[string]bool{}
 	newGrants := map[string]bool{}
+	markers := map[string]string{} // the unit's end markers, by name
+	var deleted []grantID
 	for _, op := range u.Ops {
 		if seen[op.Key] {
 			s.fatalf("unit %d holds two operations on key %s", u.ID, op.Key)
 		}
 		seen[op.Key] = true
+		if op.Ephemeral { // an end marker: on the member's lease, not a grant
+			if op.Delete || op.Key != "/e/"+op.Name {
+				s.fatalf("unit %d: ephemeral op %+v is no end marker of %s", u.ID, op, op.Name)
+			}
+			markers[op.Name] = op.Value
+			continue
+		}
 		if op.Delete {
 			kv, ok := s.etcd[op.Key]
 			if !ok {
 				s.fatalf("unit %d deletes %s, which etcd does not hold", u.ID, op.Key)
 			}
 			s.deleted[grantID{op.Name, kv.rev}] = how
+			deleted = append(deleted, grantID{op.Name, kv.rev})
 			delete(s.etcd, op.Key)
 			continue
 		}
@@ -368,6 +383,25 @@ func (s *sim) apply(u Unit, how string) {
 			s.fatalf("unit %d puts %s, which exists: a grant key is never reused", u.ID, op.Key)
 		}
 		s.etcd[op.Key] = etcdKV{value: op.Value, rev: s.rev}
+	}
+	s.judgeMarkers(u, markers, deleted)
+}
+
+// judgeMarkers records how the unit's end markers say its deleted grants
+// ended, and checks that each marker lists only grants the unit deletes.
+func (s *sim) judgeMarkers(u Unit, markers map[string]string, deleted []grantID) {
+	listed := map[string]int{}
+	for _, id := range deleted {
+		c := MarkedEnd(markers[id.name], id.token)
+		s.marked[id] = c
+		if c != EndExpired {
+			listed[id.name]++
+		}
+	}
+	for name, m := range markers {
+		if n := strings.Count(m, ",") + 1; n != listed[name] {
+			s.fatalf("unit %d: end marker %q of %s lists %d grants, %d of its deletes", u.ID, m, name, n, listed[name])
+		}
 	}
 }
 
@@ -474,6 +508,16 @@ func (s *sim) judgeEnded(ends []Ended) map[grantID]Ended {
 		}
 		if s.ended[id]++; s.ended[id] > 1 {
 			s.fatalf("%+v reported ended %d times", e, s.ended[id])
+		}
+		want := EndReleased
+		switch {
+		case e.Expired:
+			want = EndExpired
+		case e.Forced:
+			want = EndForced
+		}
+		if s.marked[id] != want {
+			s.fatalf("%+v: its end marker says %v", e, s.marked[id])
 		}
 		switch {
 		case e.Expired:

@@ -22,6 +22,10 @@ type Config struct {
 	Incarnation uint64
 	// MaxWaiters bounds each lock's queue; 0: unbounded.
 	MaxWaiters int
+	// EndedPrefix is where units put the end markers of the grants they
+	// release or force-release (ended.go): a lock's is EndedPrefix +
+	// Escape(name). "": no markers.
+	EndedPrefix string
 }
 
 type grantState int
@@ -56,8 +60,12 @@ type waiter struct {
 	since    time.Time
 	deadline time.Time
 	reqKey   string
-	retried  bool // a retry of its request id took over its call
+	retried  bool     // a retry of its request id took over its call
+	more     []CallID // the calls of retries of its request id that share its place
 }
+
+// callIDs are every call the waiter answers: its own, then its retries'.
+func (w *waiter) callIDs() []CallID { return append([]CallID{w.a.Call}, w.more...) }
 
 // lock is one name's holders (in grant order) and FIFO waiters.
 type lock struct {
@@ -66,6 +74,9 @@ type lock struct {
 	holders    []*grant
 	waiters    []*waiter
 	delayUntil time.Time // lock-delay after an expiry
+	// slotDelay: a semaphore's lock-delay, per slot (the slot of the holder
+	// whose grant expired).
+	slotDelay map[int32]time.Time
 }
 
 // unitState is what a unit in flight will do when it commits.
@@ -179,11 +190,11 @@ func (t *Table) Load(now time.Time, grants []Loaded) {
 		r := l.Record
 		ttl := time.Duration(r.TTLms) * time.Millisecond
 		g := &grant{rec: r, key: l.Key, token: l.Token, state: live,
-			acquiredAt: time.UnixMilli(r.AcquiredMs), expires: now.Add(ttl)}
+			acquiredAt: time.UnixMilli(r.AcquiredMs), expires: now.Add(ttl),
+			lockDelay: time.Duration(r.LockDelayMs) * time.Millisecond}
 		if r.MaxHoldMs > 0 {
 			left := time.UnixMilli(r.AcquiredMs).Add(time.Duration(r.MaxHoldMs) * time.Millisecond).Sub(now)
 			g.maxHoldUntil = now.Add(max(left, 0))
-			g.expires = minTime(g.expires, g.maxHoldUntil)
 		}
 		lk := t.lockOf(r.Name)
 		lk.limit = max(r.Limit, 1)
@@ -211,7 +222,7 @@ func (t *Table) lockOf(name string) *lock {
 // forget drops a lock with neither holders nor waiters nor a lock-delay
 // (its limit with it).
 func (t *Table) forget(lk *lock, now time.Time) {
-	if len(lk.holders) == 0 && len(lk.waiters) == 0 && !lk.delayUntil.After(now) {
+	if len(lk.holders) == 0 && len(lk.waiters) == 0 && !lk.delayUntil.After(now) && !slotDelayed(lk, now) {
 		delete(t.locks, lk.name)
 	}
 }
@@ -231,6 +242,7 @@ func (t *Table) closeUnit() {
 	if t.open == nil {
 		return
 	}
+	t.markEnds() // how its grants ended, for the watchers (ended.go)
 	t.unitSeq++
 	t.inflight[t.unitSeq] = t.open
 	t.out = append(t.out, Unit{ID: t.unitSeq, Ops: t.openOps})
@@ -244,9 +256,13 @@ func (t *Table) newGrantID() string {
 	return fmt.Sprintf("%x-%x-%x", t.cfg.Term, t.cfg.Incarnation, t.seq)
 }
 
-func minTime(a, b time.Time) time.Time {
-	if b.Before(a) {
-		return b
+// slotDelayed says whether a slot of the lock is still in its lock-delay
+// (and drops the delays that passed).
+func slotDelayed(lk *lock, now time.Time) bool {
+	for s, until := range lk.slotDelay {
+		if !until.After(now) {
+			delete(lk.slotDelay, s)
+		}
 	}
-	return a
+	return len(lk.slotDelay) > 0
 }

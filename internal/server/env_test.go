@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -26,6 +27,7 @@ import (
 	"github.com/coordinatord/coordinatord/internal/fence"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
+	"github.com/coordinatord/coordinatord/internal/shard"
 )
 
 func TestMain(m *testing.M) {
@@ -55,6 +57,11 @@ type env struct {
 	fenceOpts []fence.Option
 	// counterOpts configure the counters of the coordinator and its replicas.
 	counterOpts []counter.Option
+	// onShards runs the coordinator and its replicas on the shard core
+	// whatever the suite's core (COORDINATORD_TEST_CORE).
+	onShards bool
+	// replicas are the replicas started (replica), crashed or not.
+	replicas []*replica
 }
 
 func newEnv(t *testing.T, opts ...lease.Option) *env {
@@ -85,20 +92,55 @@ func (e *env) start(opts ...lease.Option) {
 func (e *env) assemble(etcd clientv3.Config, srv []server.Option, opts ...lease.Option) {
 	t := e.t
 	t.Helper()
-	c, err := coordinator.New(etcd, coordinator.WithLease(append([]lease.Option{lease.WithKeyPrefix("/test/")}, opts...)...),
-		coordinator.WithFence(e.fenceOpts...), coordinator.WithCounter(e.counterOpts...), coordinator.WithServer(srv...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.coord, e.cli, e.mgr, e.gs = c, c.Etcd(), c.Leases(), c.GRPC()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.addr = lis.Addr().String()
+	copts := []coordinator.Option{coordinator.WithLease(append([]lease.Option{lease.WithKeyPrefix("/test/")}, opts...)...),
+		coordinator.WithFence(e.fenceOpts...), coordinator.WithCounter(e.counterOpts...), coordinator.WithServer(srv...)}
+	if e.sharded() {
+		copts = append(copts, coordinator.WithShardCore(shard.WithShards(16), shard.WithLeaseTTL(2*time.Second), shard.WithMember("", e.addr)))
+	}
+	c, err := coordinator.New(etcd, copts...)
+	if err != nil {
+		lis.Close()
+		t.Fatal(err)
+	}
+	e.coord, e.cli, e.mgr, e.gs = c, c.Etcd(), c.Leases(), c.GRPC()
 	c.ServeInBackground(lis)
 	e.conn = e.dial()
 	e.lc = coordinatorv1.NewLockServiceClient(e.conn)
+	if e.sharded() {
+		awaitShards(t, c)
+	}
+}
+
+// testCore is the core the suite runs on: COORDINATORD_TEST_CORE=shard
+// runs it on the shard-owner core, else the queue core.
+func testCore() string { return os.Getenv("COORDINATORD_TEST_CORE") }
+
+// sharded says whether e runs (or is to run) on the shard core: the suite's
+// core, or onShards.
+func (e *env) sharded() bool { return e.onShards || testCore() == "shard" }
+
+// awaitShards waits until the shard core's members together serve every
+// shard, each of them some.
+func awaitShards(t *testing.T, members ...*coordinator.Coordinator) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		total, shards, idle := 0, 0, false
+		for _, m := range members {
+			st := m.Shards().Status()
+			total, shards, idle = total+st.Serving, st.Shards, idle || st.Serving == 0
+		}
+		if total == shards && !idle {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the shard core's %d members serve %d of %d shards 15s after start", len(members), total, shards)
+		}
+	}
 }
 
 func (e *env) dial() *grpc.ClientConn {
@@ -137,9 +179,14 @@ func (e *env) rev() int64 {
 	return r.Header.Revision
 }
 
-// queueKeys counts the keys in a lock's queue.
+// queueKeys counts the keys in a lock's queue: on the shard core, which
+// keeps its queues in memory, the lock's holders and waiters.
 func (e *env) queueKeys(name string) int64 {
 	e.t.Helper()
+	if e.sharded() {
+		hs, ws := e.onOwner(name)
+		return int64(hs + ws)
+	}
 	r, err := e.cli.Get(context.Background(), e.mgr.Keyspace().Queue(name), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		e.t.Fatal(err)
@@ -259,13 +306,17 @@ func (e *env) replica() *replica {
 		t.Fatal(err)
 	}
 	t.Cleanup(proxy.Close)
-	c, err := coordinator.New(clientv3.Config{Endpoints: []string{"http://" + proxy.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()},
-		coordinator.WithLease(lease.WithKeyPrefix("/test/")), coordinator.WithFence(e.fenceOpts...), coordinator.WithCounter(e.counterOpts...))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	copts := []coordinator.Option{coordinator.WithLease(lease.WithKeyPrefix("/test/")), coordinator.WithFence(e.fenceOpts...), coordinator.WithCounter(e.counterOpts...)}
+	if e.sharded() { // a second member: the shards split between the two, each forwards to the other
+		copts = append(copts, coordinator.WithShardCore(shard.WithShards(16), shard.WithLeaseTTL(2*time.Second), shard.WithMember("", lis.Addr().String())))
+	}
+	c, err := coordinator.New(clientv3.Config{Endpoints: []string{"http://" + proxy.Addr()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}, copts...)
 	if err != nil {
+		lis.Close()
 		t.Fatal(err)
 	}
 	c.ServeInBackground(lis)
@@ -274,7 +325,11 @@ func (e *env) replica() *replica {
 		t.Fatal(err)
 	}
 	r := &replica{coord: c, conn: conn, lc: coordinatorv1.NewLockServiceClient(conn), proxy: proxy}
+	e.replicas = append(e.replicas, r)
 	t.Cleanup(func() { r.crash() })
+	if e.sharded() {
+		awaitShards(t, e.coord, c)
+	}
 	return r
 }
 
@@ -284,4 +339,73 @@ func (r *replica) crash() {
 	r.proxy.Set(chaos.Blackhole, 0)
 	r.coord.Crash()
 	r.conn.Close()
+}
+
+// queueCoreOnly skips, on the shard core, a test of the queue core's etcd
+// layout (queue keys, a waiter's own lease), which the shard core does not
+// have: it keeps its waiters in memory. shardTest names the shard core's
+// test of the same promise.
+func queueCoreOnly(t *testing.T, shardTest string) {
+	t.Helper()
+	if testCore() == "shard" {
+		t.Skipf("the queue core's etcd layout; on the shard core see %s", shardTest)
+	}
+}
+
+// onOwner counts a lock's holders and waiters on the shard core, from the
+// table of the member (this coordinator or one of its replicas) that
+// serves the name's shard, without a call (so without credentials).
+func (e *env) onOwner(name string) (holders, waiters int) {
+	e.t.Helper()
+	members := []*coordinator.Coordinator{e.coord}
+	for _, r := range e.replicas {
+		members = append(members, r.coord)
+	}
+	var last error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for _, m := range members {
+			hs, ws, err := m.Shards().Describe(name)
+			if err == nil {
+				return len(hs), len(ws)
+			}
+			last = err
+		}
+	}
+	e.t.Fatalf("no member serves the shard of %q: %v", name, last)
+	return 0, 0
+}
+
+// waiters counts a lock's waiters, on either core.
+func (e *env) waiters(name string) int {
+	e.t.Helper()
+	if e.sharded() {
+		_, ws := e.onOwner(name)
+		return ws
+	}
+	d, err := e.mgr.Describe(context.Background(), name)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return len(d.Waiters)
+}
+
+// stopTakingWork is what the daemon does on SIGTERM before the graceful
+// stop: the queue core's lease manager closes (its waiters end, their keys
+// removed); the shard core hands its shards over (their waiters end).
+func (e *env) stopTakingWork() {
+	if e.sharded() {
+		e.coord.Shards().Close(ctxT(e.t, 10*time.Second))
+		return
+	}
+	e.mgr.Close()
+}
+
+// countKeys counts etcd's keys under prefix.
+func (e *env) countKeys(prefix string) int64 {
+	e.t.Helper()
+	r, err := e.cli.Get(context.Background(), prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return r.Count
 }

@@ -9,7 +9,6 @@ import (
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/authz"
 	"github.com/coordinatord/coordinatord/internal/fence"
-	"github.com/coordinatord/coordinatord/internal/shard"
 )
 
 var reasons = map[fence.Reason]coordinatorv1.ValidateTokenResponse_Reason{
@@ -44,32 +43,37 @@ func (s *LockService) ValidateToken(ctx context.Context, req *coordinatorv1.Vali
 }
 
 // FenceService implements coordinatorv1.FenceServiceServer: operators' view
-// of the per-resource high-water marks, and admins' deletion and rebinding.
+// of the per-resource high-water marks, and admins' deletion and rebinding,
+// on the core that serves the locks (markStore).
 type FenceService struct {
 	coordinatorv1.UnimplementedFenceServiceServer
-	fence  *fence.Validator
+	marks  markStore
+	fwd    *Forwarder // the shard core's forwarding of DeleteMark and RebindMark (marksshard.go); nil: none
 	log    *slog.Logger
 	epochs Epochs
-	shards *shard.Owner // the shard-owner core, if it serves the locks: see onShards
 }
 
-// FenceService returns the mark handlers over the same validator as s.
+// markStore is where the marks of the core in use live, with one contract:
+// the queue core's fence.Validator, or the shard core's shard.Owner (its
+// marks live in its own keyspace, <prefix>shards/marks/, and a change is
+// made by the owner of the mark's lock's shard, forwarded there from any
+// other replica; internal/shard/markadmin.go).
+type markStore interface {
+	GetMark(ctx context.Context, id fence.MarkID) (*fence.Mark, error)
+	ListMarks(ctx context.Context, prefix string, pageSize int, pageToken string) ([]fence.Mark, string, error)
+	DeleteMark(ctx context.Context, id fence.MarkID) (*fence.Mark, error)
+	RebindMark(ctx context.Context, id fence.MarkID, lock string) (*fence.Mark, error)
+}
+
+// FenceService returns the mark handlers of the core s serves the locks
+// from. NewGRPCServer calls it after forwardTo, so that it forwards as s
+// does.
 func (s *LockService) FenceService() *FenceService {
-	return &FenceService{fence: s.fence, log: s.log, epochs: s.epochs, shards: s.shards}
-}
-
-// onShards refuses an admin call on the marks when the shard-owner core
-// serves the locks: its marks live in its own keyspace
-// (<prefix>shards/marks/, internal/shard/marks.go), not the queue core's
-// that these handlers read, so they would show (or delete, or rebind) the
-// wrong marks. GetMark, ListMarks, DeleteMark and RebindMark on the shard
-// core are later work; until then they answer UNIMPLEMENTED
-// (NOT_ON_SHARD_CORE). GetEpoch is served on both cores.
-func (s *FenceService) onShards(ctx context.Context, method string) error {
-	if s.shards == nil {
-		return nil
+	fs := &FenceService{marks: s.fence, fwd: s.fwd, log: s.log, epochs: s.epochs}
+	if s.shards != nil {
+		fs.marks = s.shards
 	}
-	return toStatus(ctx, s.log, method, errNotOnShardCore(method))
+	return fs
 }
 
 func markPB(m *fence.Mark) *coordinatorv1.Mark {
@@ -86,24 +90,20 @@ func markID(resource string, slot *wrapperspb.Int32Value) fence.MarkID {
 	return fence.MarkID{Resource: resource, PerSlot: slot != nil, Slot: slot.GetValue()}
 }
 
-// GetMark implements coordinatorv1.FenceServiceServer.
+// GetMark implements coordinatorv1.FenceServiceServer: read from etcd on
+// any replica, on either core.
 func (s *FenceService) GetMark(ctx context.Context, req *coordinatorv1.GetMarkRequest) (*coordinatorv1.GetMarkResponse, error) {
-	if err := s.onShards(ctx, "GetMark"); err != nil {
-		return nil, err
-	}
-	m, err := s.fence.GetMark(ctx, markID(req.GetResource(), req.GetSlot()))
+	m, err := s.marks.GetMark(ctx, markID(req.GetResource(), req.GetSlot()))
 	if err != nil {
 		return nil, toStatus(ctx, s.log, "GetMark", err)
 	}
 	return &coordinatorv1.GetMarkResponse{Mark: markPB(m)}, nil
 }
 
-// ListMarks implements coordinatorv1.FenceServiceServer.
+// ListMarks implements coordinatorv1.FenceServiceServer: read from etcd on
+// any replica, on either core.
 func (s *FenceService) ListMarks(ctx context.Context, req *coordinatorv1.ListMarksRequest) (*coordinatorv1.ListMarksResponse, error) {
-	if err := s.onShards(ctx, "ListMarks"); err != nil {
-		return nil, err
-	}
-	ms, next, err := s.fence.ListMarks(ctx, req.GetPrefix(), int(req.GetPageSize()), req.GetPageToken())
+	ms, next, err := s.marks.ListMarks(ctx, req.GetPrefix(), int(req.GetPageSize()), req.GetPageToken())
 	if err != nil {
 		return nil, toStatus(ctx, s.log, "ListMarks", err)
 	}
@@ -115,14 +115,19 @@ func (s *FenceService) ListMarks(ctx context.Context, req *coordinatorv1.ListMar
 }
 
 // DeleteMark implements coordinatorv1.FenceServiceServer (admins only, see
-// AdminOnly).
+// AdminOnly); on the shard core, on the owner of the mark's lock's shard.
 func (s *FenceService) DeleteMark(ctx context.Context, req *coordinatorv1.DeleteMarkRequest) (*coordinatorv1.DeleteMarkResponse, error) {
-	if err := s.onShards(ctx, "DeleteMark"); err != nil {
-		return nil, err
-	}
-	m, err := s.fence.DeleteMark(ctx, markID(req.GetResource(), req.GetSlot()))
+	resp, err := forwardMarks(ctx, s.fwd, req, s.deleteMarkHere, coordinatorv1.FenceServiceClient.DeleteMark)
 	if err != nil {
 		return nil, toStatus(ctx, s.log, "DeleteMark", err)
+	}
+	return resp, nil
+}
+
+func (s *FenceService) deleteMarkHere(ctx context.Context, req *coordinatorv1.DeleteMarkRequest) (*coordinatorv1.DeleteMarkResponse, error) {
+	m, err := s.marks.DeleteMark(ctx, markID(req.GetResource(), req.GetSlot()))
+	if err != nil {
+		return nil, err
 	}
 	return &coordinatorv1.DeleteMarkResponse{Mark: markPB(m)}, nil
 }
@@ -135,14 +140,20 @@ func (s *FenceService) GetEpoch(context.Context, *coordinatorv1.GetEpochRequest)
 }
 
 // RebindMark implements coordinatorv1.FenceServiceServer (admins only, see
-// AdminOnly).
+// AdminOnly); on the shard core, on the owner of the shard of the mark's
+// present lock.
 func (s *FenceService) RebindMark(ctx context.Context, req *coordinatorv1.RebindMarkRequest) (*coordinatorv1.RebindMarkResponse, error) {
-	if err := s.onShards(ctx, "RebindMark"); err != nil {
-		return nil, err
-	}
-	m, err := s.fence.RebindMark(ctx, markID(req.GetResource(), req.GetSlot()), req.GetLock())
+	resp, err := forwardMarks(ctx, s.fwd, req, s.rebindMarkHere, coordinatorv1.FenceServiceClient.RebindMark)
 	if err != nil {
 		return nil, toStatus(ctx, s.log, "RebindMark", err)
+	}
+	return resp, nil
+}
+
+func (s *FenceService) rebindMarkHere(ctx context.Context, req *coordinatorv1.RebindMarkRequest) (*coordinatorv1.RebindMarkResponse, error) {
+	m, err := s.marks.RebindMark(ctx, markID(req.GetResource(), req.GetSlot()), req.GetLock())
+	if err != nil {
+		return nil, err
 	}
 	return &coordinatorv1.RebindMarkResponse{Mark: markPB(m)}, nil
 }

@@ -4,11 +4,9 @@ package server
 // other shard from one member that owns it, merged and sorted.
 
 import (
-	"cmp"
 	"context"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -54,10 +52,7 @@ func (s *LockService) listAcross(ctx context.Context, req *coordinatorv1.ListReq
 		}
 		if s.uncovered(covered, nil) == nil {
 			slices.SortStableFunc(hs, func(a, b *coordinatorv1.Holder) int {
-				if c := strings.Compare(a.GetName(), b.GetName()); c != 0 {
-					return c
-				}
-				return cmp.Compare(a.GetToken(), b.GetToken())
+				return shard.ListOrder(a.GetName(), a.GetToken(), b.GetName(), b.GetToken())
 			})
 			return hs, nil
 		}

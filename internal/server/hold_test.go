@@ -9,6 +9,7 @@ import (
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/lease"
+	"github.com/coordinatord/coordinatord/internal/shard"
 )
 
 type holdStream = coordinatorv1.LockService_HoldClient
@@ -155,6 +156,18 @@ func TestHoldReportsAnEndThatHappenedBeforeItWatched(t *testing.T) {
 		t.Fatalf("ForceRelease: %v %v", r, err)
 	}
 	// Resume is refused (the grant is gone), so use the domain directly.
+	if e.sharded() {
+		w, err := e.coord.Shards().WatchGrant("early", g.Token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Stop()
+		<-w.Done()
+		if w.Reason() != shard.GrantForced {
+			t.Fatalf("the watch of the grant after its end = %v; want force-released", w.Reason())
+		}
+		return
+	}
 	reason, err := e.mgr.AwaitEnd(ctxT(t, 5*time.Second), "early", g.Token, g.Handle)
 	if err != nil || reason != lease.EndForced {
 		t.Fatalf("AwaitEnd after the end = %v, %v; want force-released", reason, err)

@@ -75,6 +75,7 @@ func TestIdempotentAcquire(t *testing.T) {
 }
 
 func TestRetryOnAnotherReplicaAfterCrashRejoinsTheQueue(t *testing.T) {
+	queueCoreOnly(t, "TestShardRetryAfterTheForwardingReplicaCrashedRejoins")
 	e := newEnv(t)
 	holder := e.acquire("crash", 30*time.Second)
 	const id = "5e9c2b7a-0f14-4d3e-8a6b-c1d2e3f4a5b6"
@@ -194,6 +195,7 @@ func TestLockDelay(t *testing.T) {
 }
 
 func TestWaiterWhoseLeaseEndsFailsAtOnce(t *testing.T) {
+	queueCoreOnly(t, "TestShardWaiterOfAGoneCallerLeavesTheQueue")
 	e := newEnv(t)
 	holder := e.acquire("ff", 30*time.Second)
 	errc := make(chan error, 1)

@@ -307,10 +307,7 @@ func TestMaxLocksPerIdentity(t *testing.T) {
 		_, err := a.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "shared", Ttl: dur(time.Minute)})
 		waiting <- err
 	}()
-	eventually(t, 10*time.Second, "a waits", func() bool {
-		d, err := e.mgr.Describe(context.Background(), "shared")
-		return err == nil && len(d.Waiters) == 1
-	})
+	eventually(t, 10*time.Second, "a waits", func() bool { return e.waiters("shared") == 1 })
 
 	rev := e.rev()
 	for _, tc := range []struct {

@@ -1,7 +1,6 @@
 package server_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -88,13 +87,7 @@ func TestRevokedIdentityLosesItsStreams(t *testing.T) {
 				_, err := a.Acquire(ctx, &coordinatorv1.AcquireRequest{Name: "a/queued", Ttl: dur(time.Minute), Wait: dur(time.Minute)})
 				aWaiting <- err
 			}()
-			waiters := func() int {
-				d, err := e.mgr.Describe(context.Background(), "a/queued")
-				if err != nil {
-					t.Fatal(err)
-				}
-				return len(d.Waiters)
-			}
+			waiters := func() int { return e.waiters("a/queued") }
 			eventually(t, 10*time.Second, "the second Acquire waits", func() bool { return waiters() == 1 })
 
 			tc.revoke(t, filepath.Dir(pf))

@@ -13,7 +13,11 @@ import (
 // OpenSession implements coordinatorv1.LockServiceServer.
 func (s *LockService) OpenSession(ctx context.Context, req *coordinatorv1.OpenSessionRequest) (*coordinatorv1.OpenSessionResponse, error) {
 	if s.shards != nil {
-		return nil, s.fail(ctx, "OpenSession", errNotOnShardCore("OpenSession"))
+		resp, err := s.openSessionOnShards(ctx, req)
+		if err != nil {
+			return nil, s.fail(ctx, "OpenSession", err)
+		}
+		return resp, nil
 	}
 	ttl, err := sessionTTL(req)
 	if err != nil {
@@ -44,7 +48,11 @@ func sessionTTL(req *coordinatorv1.OpenSessionRequest) (time.Duration, error) {
 // KeepAliveSession implements coordinatorv1.LockServiceServer.
 func (s *LockService) KeepAliveSession(ctx context.Context, req *coordinatorv1.KeepAliveSessionRequest) (*coordinatorv1.KeepAliveSessionResponse, error) {
 	if s.shards != nil {
-		return nil, s.fail(ctx, "KeepAliveSession", errNotOnShardCore("KeepAliveSession"))
+		resp, err := s.keepAliveSessionOnShards(ctx, req)
+		if err != nil {
+			return nil, s.fail(ctx, "KeepAliveSession", err)
+		}
+		return resp, nil
 	}
 	e, err := s.epoch(ctx)
 	if err != nil {
@@ -61,7 +69,11 @@ func (s *LockService) KeepAliveSession(ctx context.Context, req *coordinatorv1.K
 // CloseSession implements coordinatorv1.LockServiceServer.
 func (s *LockService) CloseSession(ctx context.Context, req *coordinatorv1.CloseSessionRequest) (*coordinatorv1.CloseSessionResponse, error) {
 	if s.shards != nil {
-		return nil, s.fail(ctx, "CloseSession", errNotOnShardCore("CloseSession"))
+		resp, err := s.closeSessionOnShards(ctx, req)
+		if err != nil {
+			return nil, s.fail(ctx, "CloseSession", err)
+		}
+		return resp, nil
 	}
 	e, err := s.epoch(ctx)
 	if err != nil {

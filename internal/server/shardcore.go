@@ -11,6 +11,7 @@ import (
 	"github.com/coordinatord/coordinatord/internal/authz"
 	"github.com/coordinatord/coordinatord/internal/epoch"
 	"github.com/coordinatord/coordinatord/internal/fence"
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/locktable"
 	"github.com/coordinatord/coordinatord/internal/shard"
@@ -21,11 +22,11 @@ import (
 // in marksshard.go), Describe, List, ForceRelease and Hold (holdshard.go)
 // are decided by the owner of the name's shard in memory (internal/shard,
 // internal/locktable), forwarded there from any other replica (forward.go;
-// a Hold stream is not forwarded yet). Watch (watchshard.go) follows
-// etcd's history of the grant keys on any replica. The calls not ported
-// yet (sessions, the marks' admin calls) answer UNIMPLEMENTED with the reason
-// NOT_ON_SHARD_CORE rather than reach the queue core, whose locks the
-// shard core cannot see.
+// a Hold stream is relayed there whole, forwardhold.go). Watch
+// (watchshard.go) follows etcd's history of the grant keys on any replica.
+// The calls not ported yet (sessions, the marks' admin calls) answer
+// UNIMPLEMENTED with the reason NOT_ON_SHARD_CORE rather than reach the
+// queue core, whose locks the shard core cannot see.
 
 // WithShardCore serves the lock calls from the shard-owner core.
 func WithShardCore(o *shard.Owner) ServiceOption { return func(s *LockService) { s.shards = o } }
@@ -72,9 +73,6 @@ func (s *LockService) describeOnShards(ctx context.Context, req *coordinatorv1.D
 
 // acquireHere is Acquire on a shard this replica serves.
 func (s *LockService) acquireHere(ctx context.Context, req *coordinatorv1.AcquireRequest) (*coordinatorv1.AcquireResponse, error) {
-	if req.GetSessionHandle() != "" {
-		return nil, errNotOnShardCore("Acquire with a session")
-	}
 	opts, err := acquireOptions(req)
 	if err != nil {
 		return nil, err
@@ -93,6 +91,11 @@ func (s *LockService) acquireHere(ctx context.Context, req *coordinatorv1.Acquir
 		TTL: c.TTL, Wait: c.Wait, MaxHold: c.MaxHold, LockDelay: c.LockDelay, Limit: c.Limit, Shared: c.Shared}
 	if a.Wait < 0 {
 		a.Wait = forever // until the caller's deadline, which cancels the call
+	}
+	if c.SessionHandle != "" {
+		if err := s.sessionOf(ctx, &a, c.SessionHandle); err != nil {
+			return nil, err
+		}
 	}
 	g, err := s.shards.Acquire(ctx, a)
 	if err != nil {
@@ -133,6 +136,9 @@ const forever = 1 << 62
 
 // releaseHere is Release on a shard this replica serves.
 func (s *LockService) releaseHere(ctx context.Context, req *coordinatorv1.ReleaseRequest) (*coordinatorv1.ReleaseResponse, error) {
+	if err := checkGrantCall(req.GetName(), req.GetToken(), req.GetHandle()); err != nil {
+		return nil, err
+	}
 	rev, current, err := s.revisionOf(ctx, req.GetToken())
 	if err != nil || !current {
 		return &coordinatorv1.ReleaseResponse{}, err
@@ -149,6 +155,9 @@ func (s *LockService) releaseHere(ctx context.Context, req *coordinatorv1.Releas
 
 // keepAliveHere is KeepAlive on a shard this replica serves.
 func (s *LockService) keepAliveHere(ctx context.Context, req *coordinatorv1.KeepAliveRequest) (*coordinatorv1.KeepAliveResponse, error) {
+	if err := checkGrantCall(req.GetName(), req.GetToken(), req.GetHandle()); err != nil {
+		return nil, err
+	}
 	rev, current, err := s.revisionOf(ctx, req.GetToken())
 	if err == nil && !current {
 		err = lease.ErrNotHeld
@@ -233,21 +242,53 @@ func (s *LockService) describeHere(ctx context.Context, req *coordinatorv1.Descr
 // listOnShards is List on the shard-owner core (one page: every holder),
 // gathered from every member that owns shards (listAcross).
 func (s *LockService) listOnShards(ctx context.Context, req *coordinatorv1.ListRequest) (*coordinatorv1.ListResponse, error) {
-	if req.GetPageToken() != "" {
-		return nil, &lease.FieldError{Field: "page_token", Reason: "the shard-owner core answers List in one page; send no page_token"}
+	if err := lease.ValidateName("prefix", req.GetPrefix(), true); err != nil {
+		return nil, err
+	}
+	size, err := keyspace.PageSize(int(req.GetPageSize()))
+	if err != nil {
+		return nil, err
+	}
+	after, err := keyspace.DecodePageToken(req.GetPageToken(), keyspace.Escape(req.GetPrefix()))
+	if err != nil {
+		return nil, err
 	}
 	e, err := s.epoch(ctx)
 	if err != nil {
 		return nil, err
 	}
-	hs, err := s.listAcross(ctx, req, func() ([]*coordinatorv1.Holder, []uint32) {
+	// Every member answers all its holders under the prefix; the page is
+	// cut from the merged list here.
+	hs, err := s.listAcross(ctx, &coordinatorv1.ListRequest{Prefix: req.GetPrefix()}, func() ([]*coordinatorv1.Holder, []uint32) {
 		hs, served := s.shards.List(req.GetPrefix())
 		return holdersOnShards(hs, e), served
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &coordinatorv1.ListResponse{Holders: hs}, nil
+	if forwarded(ctx) {
+		return &coordinatorv1.ListResponse{Holders: hs}, nil
+	}
+	page, next := listPage(hs, after, size)
+	return &coordinatorv1.ListResponse{Holders: page, NextPageToken: next}, nil
+}
+
+// listPage cuts one page from holders in ListOrder, as the queue core's
+// List does: the names after the escaped name after, whole names only, at
+// least size holders unless none are left; next is the cursor of the next
+// page, "" on the last.
+func listPage(hs []*coordinatorv1.Holder, after string, size int) (page []*coordinatorv1.Holder, next string) {
+	for i, h := range hs {
+		esc := keyspace.Escape(h.GetName())
+		if after != "" && esc+"/" < after+"0" { // "0" sorts right after "/": that name and those before it
+			continue
+		}
+		if len(page) >= size && h.GetName() != hs[i-1].GetName() {
+			return page, keyspace.EncodePageToken(keyspace.Escape(hs[i-1].GetName()))
+		}
+		page = append(page, h)
+	}
+	return page, ""
 }
 
 func holdersOnShards(hs []locktable.Holder, e int64) []*coordinatorv1.Holder {
@@ -264,4 +305,25 @@ func holdersOnShards(hs []locktable.Holder, e int64) []*coordinatorv1.Holder {
 func callerOf(ctx context.Context) string {
 	id, _ := authz.FromContext(ctx)
 	return id
+}
+
+// checkGrantCall refuses a call on a grant whose name, token or handle is
+// malformed (INVALID_ARGUMENT naming the field), before anything is read.
+func checkGrantCall(name string, token int64, handle string) error {
+	if err := lease.ValidateName("name", name, false); err != nil {
+		return err
+	}
+	if err := lease.ValidateToken(token); err != nil {
+		return err
+	}
+	return checkHandle("handle", handle)
+}
+
+// checkHandle refuses a handle (a grant's or a session's) that is not of
+// the shard core's form.
+func checkHandle(field, handle string) error {
+	if _, _, ok := locktable.ParseSessionHandle(handle); !ok {
+		return &lease.FieldError{Field: field, Reason: "is malformed; pass the handle exactly as Acquire (or OpenSession) returned it"}
+	}
+	return nil
 }

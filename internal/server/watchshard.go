@@ -21,21 +21,23 @@ import (
 // EPOCH_CHANGED when it changes. Authorization of the name and the
 // per-caller stream cap are the interceptors', as for the queue core.
 //
-// One difference: etcd's history does not say how a grant ended (a
-// release, an expiry and a force release are one delete there), so every
-// end is sent with shardEndKind, not RELEASED, EXPIRED or FORCE_RELEASED.
-
-// shardEndKind is the kind of a grant's end on the shard core:
-// KIND_UNSPECIFIED, the proto's "not known", with the holder that ended
-// (the queue core never sends it). A watcher that follows the holders
-// treats every kind but CURRENT and ACQUIRED as the end of the holder it
-// names.
-const shardEndKind = coordinatorv1.WatchResponse_KIND_UNSPECIFIED
+// How a grant ended is read from its lock's end marker at the revision of
+// its delete (internal/shard/watch.go, locktable/ended.go): RELEASED,
+// EXPIRED or FORCE_RELEASED, as on the queue core. Only if etcd compacted
+// that revision away before the marker was read is the end sent as
+// KIND_UNSPECIFIED (the proto's "not known"), with the holder that ended.
 
 var shardWatchKinds = map[shard.WatchKind]coordinatorv1.WatchResponse_Kind{
 	shard.WatchCurrent: coordinatorv1.WatchResponse_KIND_CURRENT,
 	shard.WatchGranted: coordinatorv1.WatchResponse_KIND_ACQUIRED,
-	shard.WatchEnded:   shardEndKind,
+}
+
+// shardEndKinds are the kinds of a grant's end by how it ended (any other,
+// shard.GrantEndUnknown: KIND_UNSPECIFIED).
+var shardEndKinds = map[shard.GrantEnd]coordinatorv1.WatchResponse_Kind{
+	shard.GrantReleased: coordinatorv1.WatchResponse_KIND_RELEASED,
+	shard.GrantExpired:  coordinatorv1.WatchResponse_KIND_EXPIRED,
+	shard.GrantForced:   coordinatorv1.WatchResponse_KIND_FORCE_RELEASED,
 }
 
 // watchOnShards is Watch on the shard-owner core: Watch's epoch handling
@@ -84,7 +86,11 @@ func (s *LockService) watchOnShards(req *coordinatorv1.WatchRequest, stream coor
 // revision and token in epoch. The holder shows what Describe shows but
 // acquired_at and expires_at (the proto leaves them unset in Watch).
 func shardWatchEventPB(ev shard.WatchEvent, epoch int64) *coordinatorv1.WatchResponse {
-	resp := &coordinatorv1.WatchResponse{Kind: shardWatchKinds[ev.Kind], Revision: wireToken(epoch, ev.Revision)}
+	kind := shardWatchKinds[ev.Kind]
+	if ev.Kind == shard.WatchEnded {
+		kind = shardEndKinds[ev.End]
+	}
+	resp := &coordinatorv1.WatchResponse{Kind: kind, Revision: wireToken(epoch, ev.Revision)}
 	if h := ev.Holder; h != nil {
 		resp.Holder = &coordinatorv1.Holder{Name: h.Name, Token: wireToken(epoch, h.Token), Owner: h.Owner,
 			Mode: modePB(h.Shared), Slot: h.Slot, Limit: max(h.Limit, 1)}

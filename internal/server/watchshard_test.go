@@ -14,16 +14,16 @@ import (
 )
 
 // Watch on both lock cores: the queue core follows a lock's queue in etcd,
-// the shard-owner core the keys of its grants (watchshard.go); both answer
-// with one contract, but for how a grant ended, which the shard core
-// cannot tell (every end is KIND_UNSPECIFIED there).
+// the shard-owner core the keys of its grants and, for how each ended, its
+// lock's end marker (watchshard.go); both answer with one contract.
 
-// watchEnds are the kinds each core reports a release, an expiry and a
-// force release with.
-var watchEnds = map[string][3]coordinatorv1.WatchResponse_Kind{
-	"queue": {coordinatorv1.WatchResponse_KIND_RELEASED, coordinatorv1.WatchResponse_KIND_EXPIRED, coordinatorv1.WatchResponse_KIND_FORCE_RELEASED},
-	"shard": {coordinatorv1.WatchResponse_KIND_UNSPECIFIED, coordinatorv1.WatchResponse_KIND_UNSPECIFIED, coordinatorv1.WatchResponse_KIND_UNSPECIFIED},
-}
+// The kinds a release, an expiry and a force release are reported with, on
+// either core.
+const (
+	kindReleased = coordinatorv1.WatchResponse_KIND_RELEASED
+	kindExpired  = coordinatorv1.WatchResponse_KIND_EXPIRED
+	kindForced   = coordinatorv1.WatchResponse_KIND_FORCE_RELEASED
+)
 
 // onEachCore runs f as a subtest on each core, telling it which.
 func onEachCore(t *testing.T, f func(t *testing.T, core string, e *env)) {
@@ -108,10 +108,10 @@ type watchEv struct {
 }
 
 // A watcher sees the grants of a name and their ends in token order, each
-// with its token and, for a grant, its revision; a resume from the last
-// revision seen + 1 replays exactly what followed.
+// with its token, how it ended and, for a grant, its revision; a resume
+// from the last revision seen + 1 replays exactly what followed.
 func TestWatchOnCoresGrantsAndEndsInOrder(t *testing.T) {
-	onEachCore(t, func(t *testing.T, core string, e *env) {
+	onEachCore(t, func(t *testing.T, _ string, e *env) {
 		w := openWatchOn(t, e.lc, "w", 0)
 		first := w.next()
 		if first.Kind != coordinatorv1.WatchResponse_KIND_CURRENT || first.Holder != nil || first.Revision <= 0 {
@@ -128,8 +128,8 @@ func TestWatchOnCoresGrantsAndEndsInOrder(t *testing.T) {
 		if _, err := e.lc.ForceRelease(ctxT(t, 5*time.Second), &coordinatorv1.ForceReleaseRequest{Name: "w", Token: c.Token}); err != nil {
 			t.Fatal(err)
 		}
-		acq, ends := coordinatorv1.WatchResponse_KIND_ACQUIRED, watchEnds[core]
-		want := []watchEv{{acq, a.Token}, {ends[0], a.Token}, {acq, b.Token}, {ends[1], b.Token}, {acq, c.Token}, {ends[2], c.Token}}
+		acq := coordinatorv1.WatchResponse_KIND_ACQUIRED
+		want := []watchEv{{acq, a.Token}, {kindReleased, a.Token}, {acq, b.Token}, {kindExpired, b.Token}, {acq, c.Token}, {kindForced, c.Token}}
 		var got []*coordinatorv1.WatchResponse
 		last := first.Revision
 		for i, wnt := range want {
@@ -173,9 +173,69 @@ func TestWatchShardCoreHandOffEndsBeforeItGrants(t *testing.T) {
 	e.release("h", a.Token, a.Handle)
 	b := <-bch
 	end, grant := w.next(), w.next()
-	if end.Kind != coordinatorv1.WatchResponse_KIND_UNSPECIFIED || end.GetHolder().GetToken() != a.Token ||
+	if end.Kind != kindReleased || end.GetHolder().GetToken() != a.Token ||
 		grant.Kind != coordinatorv1.WatchResponse_KIND_ACQUIRED || grant.GetHolder().GetToken() != b.GetToken() || end.Revision != grant.Revision {
 		t.Fatalf("hand-off: %v then %v; want the end of %d and the grant of %d in one revision", end, grant, a.Token, b.GetToken())
+	}
+}
+
+// On the shard core, each way a grant ends is sent with its kind, read from
+// the end marker of its lock at the revision of its delete: a release (of
+// a mutex, of one holder of a semaphore while another holds on), an expiry
+// (of its TTL, or with a max hold), a force release.
+func TestWatchShardCoreEndCauses(t *testing.T) {
+	e := newCoreEnv(t, "shard")
+	ctx := ctxT(t, 60*time.Second)
+	acquire := func(req *coordinatorv1.AcquireRequest) *coordinatorv1.AcquireResponse {
+		t.Helper()
+		g, err := e.lc.Acquire(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	for _, tc := range []struct {
+		name string
+		req  *coordinatorv1.AcquireRequest
+		end  func(name string, g *coordinatorv1.AcquireResponse) // nil: it expires
+		want coordinatorv1.WatchResponse_Kind
+	}{
+		{name: "release", req: &coordinatorv1.AcquireRequest{Ttl: dur(30 * time.Second)},
+			end: func(name string, g *coordinatorv1.AcquireResponse) { e.release(name, g.Token, g.Handle) }, want: kindReleased},
+		{name: "semaphore release", req: &coordinatorv1.AcquireRequest{Ttl: dur(30 * time.Second), Limit: 3},
+			end: func(name string, g *coordinatorv1.AcquireResponse) { e.release(name, g.Token, g.Handle) }, want: kindReleased},
+		{name: "ttl", req: &coordinatorv1.AcquireRequest{Ttl: dur(time.Second)}, want: kindExpired},
+		{name: "max hold", req: &coordinatorv1.AcquireRequest{Ttl: dur(2 * time.Second), MaxHold: dur(time.Second)}, want: kindExpired},
+		{name: "force release", req: &coordinatorv1.AcquireRequest{Ttl: dur(30 * time.Second)},
+			end: func(name string, g *coordinatorv1.AcquireResponse) {
+				if _, err := e.lc.ForceRelease(ctx, &coordinatorv1.ForceReleaseRequest{Name: name, Token: g.Token}); err != nil {
+					t.Fatal(err)
+				}
+			}, want: kindForced},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := "causes/" + tc.name
+			tc.req.Name = name
+			var other *coordinatorv1.AcquireResponse
+			if tc.req.Limit > 1 { // another holder, who stays
+				other = acquire(proto.Clone(tc.req).(*coordinatorv1.AcquireRequest))
+			}
+			w := openWatchOn(t, e.lc, name, 0)
+			if r := w.next(); r.Kind != coordinatorv1.WatchResponse_KIND_CURRENT || r.GetHolder().GetToken() != other.GetToken() {
+				t.Fatalf("first event %v; want current holder %d", r, other.GetToken())
+			}
+			g := acquire(tc.req)
+			if tc.end != nil {
+				tc.end(name, g)
+			}
+			if r := w.next(); r.Kind != coordinatorv1.WatchResponse_KIND_ACQUIRED || r.GetHolder().GetToken() != g.Token {
+				t.Fatalf("event %v; want the grant of %d", r, g.Token)
+			}
+			if r := w.next(); r.Kind != tc.want || r.GetHolder().GetToken() != g.Token || r.GetHolder().GetName() != name {
+				t.Fatalf("event %v; want %v of %d", r, tc.want, g.Token)
+			}
+			w.quiet(100 * time.Millisecond)
+		})
 	}
 }
 
@@ -306,8 +366,8 @@ func TestWatchShardCoreSameEventsOnEveryReplica(t *testing.T) {
 	if _, err := a.lc.ForceRelease(ctx, &coordinatorv1.ForceReleaseRequest{Name: name, Token: g3.Token}); err != nil {
 		t.Fatal(err)
 	}
-	end, acq := coordinatorv1.WatchResponse_KIND_UNSPECIFIED, coordinatorv1.WatchResponse_KIND_ACQUIRED
-	want := []watchEv{{end, g1.Token}, {acq, g2.Token}, {end, g2.Token}, {acq, g3.Token}, {end, g3.Token}}
+	acq := coordinatorv1.WatchResponse_KIND_ACQUIRED
+	want := []watchEv{{kindReleased, g1.Token}, {acq, g2.Token}, {kindReleased, g2.Token}, {acq, g3.Token}, {kindForced, g3.Token}}
 	var seen [][]*coordinatorv1.WatchResponse
 	for i, w := range streams {
 		var got []*coordinatorv1.WatchResponse

@@ -1,12 +1,14 @@
 package shard
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/coordinatord/coordinatord/internal/keyspace"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/locktable"
 )
@@ -22,7 +24,9 @@ import (
 // a request id, a.Secret are filled in here).
 func (o *Owner) Acquire(ctx context.Context, a locktable.Acquire) (*locktable.Grant, error) {
 	s := o.shards[o.ShardOf(a.Name)]
-	a.Secret = randomSecret()
+	if a.Session == "" { // a session's grant has the session's secret
+		a.Secret = randomSecret()
+	}
 	r, err := o.call(ctx, s, func(now time.Time, c locktable.CallID) {
 		a.Call = c
 		s.tab.Acquire(now, a)
@@ -128,7 +132,7 @@ func (o *Owner) Describe(name string) ([]locktable.Holder, []locktable.Waiter, e
 }
 
 // List is every holder whose name starts with prefix, across the shards
-// this replica serves now, sorted by name and token, and which shards
+// this replica serves now, in ListOrder, and which shards
 // those are (ascending). A shard not served here (owned by another member,
 // loading, past the lease deadline) is skipped: a List across members
 // gathers it from its owner (internal/server, forward.go), and tells from
@@ -150,12 +154,19 @@ func (o *Owner) List(prefix string) (holders []locktable.Holder, served []uint32
 		s.mu.Unlock()
 	}
 	sort.Slice(holders, func(i, j int) bool {
-		if holders[i].Name != holders[j].Name {
-			return holders[i].Name < holders[j].Name
-		}
-		return holders[i].Token < holders[j].Token
+		return ListOrder(holders[i].Name, holders[i].Token, holders[j].Name, holders[j].Token) < 0
 	})
 	return holders, served
+}
+
+// ListOrder is the order of List's holders: by name as etcd orders the
+// names' keys (escaped, then "/": "app/b/c" before "app/b", as the queue
+// core lists them), then by token.
+func ListOrder(name1 string, token1 int64, name2 string, token2 int64) int {
+	if name1 != name2 {
+		return strings.Compare(keyspace.Escape(name1)+"/", keyspace.Escape(name2)+"/")
+	}
+	return cmp.Compare(token1, token2)
 }
 
 // Advertise is the address this member registered for its peers to
@@ -222,6 +233,10 @@ func outcomeErr(name string, r locktable.Reply) error {
 		return lease.ErrRequestIDReused
 	case locktable.TooManyWaiters:
 		return &lease.TooManyWaitersError{Name: name, Limit: int64(r.InForce)}
+	case locktable.SessionBusy:
+		return lease.ErrSessionBusy
+	case locktable.Forbidden: // a session's grant, by another identity
+		return lease.ErrSessionForbidden
 	case locktable.LimitMismatch:
 		return &lease.LimitMismatchError{Name: name, InForce: r.InForce, Shared: r.Shared}
 	case locktable.Unavailable:

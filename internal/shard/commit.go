@@ -72,6 +72,13 @@ type Op struct {
 	// name gets at most one new grant per revision.) Two ops of one Txn
 	// never write one Key either, whatever their Conflict.
 	Conflict string
+	// Lease, if not 0, is the lease a put is written on: the owner's
+	// member lease for its end markers (locktable.Op.Ephemeral), which
+	// then live no longer than the member. A lease etcd no longer has
+	// fails the Txn, unless its fences fail first (etcd checks the puts
+	// of the branch it takes only), as they do once the member's lease,
+	// which carries its owner keys too, is gone.
+	Lease clientv3.LeaseID
 }
 
 // Unit is ops that commit atomically together, for one shard, in order

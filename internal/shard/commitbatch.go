@@ -2,7 +2,10 @@ package shard
 
 // Building one Txn: which waiting units fit (ops and compares under the
 // limit, no key or conflict key twice, nothing of a shard or key in flight),
-// in order per shard and per key.
+// in order per shard and per key. Every op's key counts, whatever the op:
+// a lock's end marker, put by every unit that releases one of its grants,
+// is a key like any other, so two such units go in two Txns
+// (TestCommitEndMarkersSplitTxns).
 
 import (
 	"errors"

@@ -149,9 +149,12 @@ func (c *Committer) send(b *commitBatch) (*clientv3.TxnResponse, error) {
 	}
 	for _, p := range b.units {
 		for _, op := range p.u.Ops {
-			if op.Delete {
+			switch {
+			case op.Delete:
 				b.then = append(b.then, clientv3.OpDelete(op.Key))
-			} else {
+			case op.Lease != 0: // an end marker, on the member's lease
+				b.then = append(b.then, clientv3.OpPut(op.Key, op.Value, clientv3.WithLease(op.Lease)))
+			default:
 				b.then = append(b.then, clientv3.OpPut(op.Key, op.Value))
 			}
 		}

@@ -48,7 +48,7 @@ func (o *Owner) createMark(ctx context.Context, s *shardState, c MarkCheck, p ma
 	}
 	if len(markKVs) > 0 || (p.bindKey != "" && !sameBinding(bindKVs, p)) { // created while this one waited its turn
 		o.forgetBinding(s, p, bindKVs)
-		read := &markRead{gen: p.gen}
+		read := &markRead{gen: p.gen, rev: r.Header.Revision}
 		read.add(p.key, markKVs)
 		if p.bindKey != "" {
 			read.add(p.bindKey, bindKVs)
@@ -98,11 +98,11 @@ func (o *Owner) createMark(ctx context.Context, s *shardState, c MarkCheck, p ma
 		next.createRev = tr.Header.Revision
 		s.mu.Lock()
 		if s.gen == p.gen {
-			s.cacheMark(p.key, next)
+			o.cacheMark(s, p.key, next, tr.Header.Revision)
 			if p.bind != nil {
 				b := *p.bind
 				b.createRev = tr.Header.Revision
-				s.cacheMark(p.bindKey, b)
+				o.cacheMark(s, p.bindKey, b, tr.Header.Revision)
 			}
 		}
 		s.mu.Unlock()
@@ -113,7 +113,7 @@ func (o *Owner) createMark(ctx context.Context, s *shardState, c MarkCheck, p ma
 	if kvs := tr.Responses[0].GetResponseRange().GetKvs(); len(kvs) == 0 || kvs[0].CreateRevision != term {
 		return fence.Verdict{}, nil, o.lostDuringCall(s)
 	}
-	read := &markRead{gen: p.gen}
+	read := &markRead{gen: p.gen, rev: tr.Header.Revision}
 	read.add(p.key, tr.Responses[1].GetResponseRange().GetKvs())
 	if p.bindKey != "" {
 		bindKVs := tr.Responses[2].GetResponseRange().GetKvs()
@@ -124,7 +124,8 @@ func (o *Owner) createMark(ctx context.Context, s *shardState, c MarkCheck, p ma
 }
 
 // forgetBinding drops a cached binding that is not the one in etcd (kvs, a
-// Get of p.bindKey): the shard core never deletes a mark, so only a key
+// Get of p.bindKey): a binding of this shard's lock is deleted or rebound
+// only here, and the cache learns it then (markadmin.go), so only a key
 // removed and created again behind its back can make it stale; the next
 // decision then judges by the read instead of deciding on it again.
 func (o *Owner) forgetBinding(s *shardState, p markPlan, kvs []*mvccpb.KeyValue) {
@@ -132,8 +133,8 @@ func (o *Owner) forgetBinding(s *shardState, p markPlan, kvs []*mvccpb.KeyValue)
 		return
 	}
 	s.mu.Lock()
-	if b, ok := s.marks[p.bindKey]; ok && s.gen == p.gen && b.createRev == p.bindRev {
-		delete(s.marks, p.bindKey)
+	if b, ok := s.marks[p.bindKey]; ok && !b.unknown && s.gen == p.gen && b.createRev == p.bindRev {
+		s.setMark(p.bindKey, markEntry{unknown: true, staleBefore: b.staleBefore, raising: b.raising, change: b.change})
 	}
 	s.mu.Unlock()
 }
@@ -157,6 +158,7 @@ func (o *Owner) readMarks(ctx context.Context, gen uint64, keys []string) (markR
 		if err != nil {
 			return read, markErr(ctx, "read mark", err)
 		}
+		read.rev = r.Header.Revision
 		read.add(keys[0], r.Kvs)
 		return read, nil
 	}
@@ -168,6 +170,7 @@ func (o *Owner) readMarks(ctx context.Context, gen uint64, keys []string) (markR
 	if err != nil {
 		return read, markErr(ctx, "read mark", err)
 	}
+	read.rev = r.Header.Revision
 	for i, k := range keys {
 		read.add(k, r.Responses[i].GetResponseRange().GetKvs())
 	}

@@ -15,33 +15,39 @@ package shard
 //     first one creates that key too, in the same Txn, as a binding (token
 //     0, Binding): a per-slot mark and its binding are one mark, counted
 //     once. A lock's plain mark on a binding of its own raises it (a lock
-//     may be a semaphore, then a mutex once free); a lock's per-slot mark
+//     may be a semaphore, then a mutex once free; the mark stays uncounted,
+//     Uncounted); a lock's per-slot mark
 //     on its own plain mark keeps it as the binding. Any other lock, plain
 //     or per-slot, is refused by the resource's key (MarkOwnedError), so
 //     a semaphore cannot get around a mutex's mark, nor the reverse.
 //   - Its only writer is the owner of the shard of the lock it is bound
-//     to: the mark travels with that lock's shard. It is created once, by
-//     a dedicated Txn guarded by that owner's key and by
+//     to: the mark travels with that lock's shard (an admin's rebind moves
+//     it to another lock's, and an admin's delete ends it: markadmin.go).
+//     It is created by a dedicated Txn guarded by that owner's key and by
 //     CreateRevision(mark) == 0 (so of two locks, in two shards, racing to
 //     create it, one wins and the other then reads a mark of another
 //     lock), and a per-slot mark's also by its binding: CreateRevision of
 //     the resource's key == 0 when it creates the binding, == the create
-//     revision it read (the same binding) otherwise; it is raised by a unit of that shard through the committer,
-//     guarded by the owner key like every write of the shard, in order
-//     with the shard's grants and releases.
+//     revision it read (the same binding) otherwise; it is raised by a
+//     unit of that shard through the committer, guarded by the owner key
+//     like every write of the shard, in order with the shard's grants and
+//     releases.
 //   - Validation runs on the owner of the lock's shard (calls are routed by
 //     name): under the shard's mutex the table's verdict, then the mark (a
 //     per-slot mark's binding first, then the mark).
-//     A mark that exists is cached per shard (shardState.marks) and read
-//     from etcd (linearizable) only on a miss; the cache is cleared when
-//     the table is dropped, so a new table (a takeover, a reload) reads
-//     every mark again. A binding is cached as a mark (a cached validation
-//     of a per-slot mark sends nothing to etcd either). A mark that does
-//     not exist is never cached: another
-//     shard's lock may create it at any time, and only what exists can
-//     never change behind this owner's back (a mark bound to a lock of
-//     this shard changes only here; one bound to another lock only
-//     matters by its binding, which nothing on the shard core moves).
+//     A mark that exists and is bound to a lock of the shard is cached per
+//     shard (shardState.marks) and read from etcd (linearizable) only on a
+//     miss; the cache is cleared when the table is dropped, so a new table
+//     (a takeover, a reload) reads every mark again. A binding is cached as
+//     a mark (a cached validation of a per-slot mark sends nothing to etcd
+//     either). Nothing else is cached: a mark that does not exist may be
+//     created by another shard's lock at any time, and one bound to another
+//     shard's lock may be deleted or rebound by that lock's owner
+//     (markadmin.go), so a refusal by another shard's mark is read each
+//     time. A mark bound to a lock of this shard changes only here: raised,
+//     or deleted or rebound by an admin (markadmin.go), which holds the
+//     mark's keys so that no decision on them is made and no raise of them
+//     is in flight meanwhile, and leaves the cache what it wrote.
 //   - A valid answer with a token above the mark is given only once the
 //     raised (or created) mark is in etcd.
 //
@@ -78,7 +84,10 @@ type MarkCheck struct {
 	Identity string
 }
 
-// markEntry is a cached mark: one that exists.
+// markEntry is a cached mark: one that exists, bound to a lock of the
+// shard. Or, unknown, only the bookkeeping of its key (an admin change's
+// hold, raises in flight, a floor under which reads are stale): the key
+// is then read from etcd.
 type markEntry struct {
 	lock    string // the lock it is bound to
 	token   int64  // the greatest token accepted (a wire token); 0: a binding only
@@ -86,6 +95,23 @@ type markEntry struct {
 	// createRev is the key's create revision: a per-slot mark's creation
 	// compares its binding's (still the binding it read).
 	createRev int64
+	// uncounted: a binding, or a mark raised from one: it takes no place in
+	// its creator's cap (its per-slot mark does), so deleting it frees none.
+	uncounted bool
+
+	// unknown: the entry caches no mark, only the fields below.
+	unknown bool
+	// staleBefore: the mark was last deleted here, or rebound to another
+	// shard's lock, at this revision; what a read or a write older than it
+	// says of the key is not believed (0: never).
+	staleBefore int64
+	// raising counts the raises of the key submitted and not yet done: an
+	// admin change waits until none is in flight (a raise is a put that
+	// would undo it).
+	raising int
+	// change, while an admin change holds the key (markadmin.go), is closed
+	// when the change ends; no decision on the key is made until then.
+	change chan struct{}
 }
 
 // markRecord is a mark's stored value.
@@ -97,9 +123,11 @@ type markRecord struct {
 	PerSlot bool   `json:"perSlot,omitempty"` // a semaphore slot's mark
 	// Binding: the resource's own key binds it to Lock for Lock's per-slot
 	// marks, and no token has raised it yet (Token 0).
-	Binding bool   `json:"binding,omitempty"`
-	At      int64  `json:"at"`           // unix ns of the last raise (owner's clock)
-	Creator string `json:"ih,omitempty"` // keyspace.IdentityHash of the creator
+	Binding bool `json:"binding,omitempty"`
+	// Uncounted: a binding, or a mark raised from one (markEntry.uncounted).
+	Uncounted bool   `json:"uncounted,omitempty"`
+	At        int64  `json:"at"`           // unix ns of the last raise (owner's clock)
+	Creator   string `json:"ih,omitempty"` // keyspace.IdentityHash of the creator
 }
 
 // markID names a mark: a resource's own, or one semaphore slot's.
@@ -109,9 +137,12 @@ type markID struct {
 	slot     int32
 }
 
+// marksPrefix is where the marks live.
+func (o *Owner) marksPrefix() string { return o.prefix + "shards/marks/" }
+
 // markKey is the etcd key of the mark id names.
 func (o *Owner) markKey(id markID) string {
-	k := o.prefix + "shards/marks/" + keyspace.Escape(id.resource)
+	k := o.marksPrefix() + keyspace.Escape(id.resource)
 	if id.perSlot {
 		k += "/slot/" + strconv.Itoa(int(id.slot))
 	}
@@ -132,22 +163,58 @@ func (o *Owner) markLimit() int64 {
 func (e markEntry) record(id markID, at time.Time) string {
 	ep, _ := keyspace.SplitToken(e.token)
 	b, _ := json.Marshal(markRecord{Lock: e.lock, Token: e.token, Epoch: ep, Slot: id.slot, PerSlot: id.perSlot,
-		Binding: !id.perSlot && e.token == 0, At: at.UnixNano(), Creator: e.creator}) // plain fields: cannot fail
+		Binding: !id.perSlot && e.token == 0, Uncounted: e.uncounted, At: at.UnixNano(), Creator: e.creator}) // plain fields: cannot fail
 	return string(b)
 }
 
-// decodeMark is the entry of a stored mark; a foreign value reads as a
-// zero mark bound to no lock (every lock is refused, as on the queue core).
-func decodeMark(kv *mvccpb.KeyValue) markEntry {
+// decodeRecord is a stored mark's value; a foreign value reads as a zero
+// mark bound to no lock (every lock is refused, as on the queue core).
+func decodeRecord(kv *mvccpb.KeyValue) markRecord {
 	var r markRecord
 	_ = json.Unmarshal(kv.Value, &r)
-	return markEntry{lock: r.Lock, token: r.Token, creator: r.Creator, createRev: kv.CreateRevision}
+	return r
 }
 
-// cacheMark records e as the mark at key (under s.mu), unless the cache
-// holds a greater token already.
-func (s *shardState) cacheMark(key string, e markEntry) {
-	if old, ok := s.marks[key]; ok && old.lock == e.lock && old.token >= e.token {
+// decodeMark is the entry of a stored mark.
+func decodeMark(kv *mvccpb.KeyValue) markEntry {
+	r := decodeRecord(kv)
+	return markEntry{lock: r.Lock, token: r.Token, creator: r.Creator, createRev: kv.CreateRevision, uncounted: r.Uncounted || r.Binding}
+}
+
+// local tells whether lock is of the shard s.
+func (o *Owner) local(s *shardState, lock string) bool { return o.ShardOf(lock) == s.n }
+
+// cacheMark records e, read or written at revision at, as the mark at key
+// (under s.mu), keeping the key's bookkeeping; unless e is bound to
+// another shard's lock (never cached), at predates a change made here
+// (staleBefore), or the cache holds a greater token of the same lock.
+func (o *Owner) cacheMark(s *shardState, key string, e markEntry, at int64) {
+	old, ok := s.marks[key]
+	switch {
+	case !o.local(s, e.lock):
+		return
+	case ok && at < old.staleBefore:
+		return
+	case ok && !old.unknown && old.lock == e.lock && old.token >= e.token:
+		return
+	}
+	e.staleBefore, e.raising, e.change = old.staleBefore, old.raising, old.change
+	s.setMark(key, e)
+}
+
+// forgetMark uncaches the mark at key (under s.mu): an admin deleted it, or
+// rebound it to another shard's lock, at revision rev; a read of it older
+// than rev is not believed from now on. The key's bookkeeping stays.
+func (s *shardState) forgetMark(key string, rev int64) {
+	old := s.marks[key]
+	s.setMark(key, markEntry{unknown: true, staleBefore: max(rev, old.staleBefore), raising: old.raising, change: old.change})
+}
+
+// setMark stores the entry at key (under s.mu); an unknown entry with
+// nothing to keep is removed.
+func (s *shardState) setMark(key string, e markEntry) {
+	if e.unknown && e.staleBefore == 0 && e.raising == 0 && e.change == nil {
+		delete(s.marks, key)
 		return
 	}
 	if s.marks == nil {
@@ -156,9 +223,40 @@ func (s *shardState) cacheMark(key string, e markEntry) {
 	s.marks[key] = e
 }
 
-// markRead is a read of marks from etcd, for the table generation gen.
+// raiseStarted and raiseEnded count a raise of the mark at key in flight
+// (under s.mu).
+func (s *shardState) raiseStarted(key string) {
+	e, ok := s.marks[key]
+	if !ok {
+		e.unknown = true // never so: a raise is decided on a cached mark
+	}
+	e.raising++
+	s.setMark(key, e)
+}
+
+func (s *shardState) raiseEnded(key string) {
+	if e, ok := s.marks[key]; ok && e.raising > 0 {
+		e.raising--
+		s.setMark(key, e)
+	}
+}
+
+// changeOf is the end of an admin change holding one of keys ("" ignored),
+// nil if none does (under s.mu).
+func (s *shardState) changeOf(keys ...string) chan struct{} {
+	for _, k := range keys {
+		if e, ok := s.marks[k]; ok && k != "" && e.change != nil {
+			return e.change
+		}
+	}
+	return nil
+}
+
+// markRead is a read of marks from etcd, for the table generation gen, at
+// the revision rev.
 type markRead struct {
 	gen uint64
+	rev int64
 	got []markGot // every key read, whether or not its mark exists
 }
 
@@ -192,21 +290,23 @@ func (r *markRead) add(key string, kvs []*mvccpb.KeyValue) {
 }
 
 // markAt is the mark at key (under s.mu): cached, else what read says of
-// it for this table generation (cached then, if it exists); known false:
-// it must be read.
-func (s *shardState) markAt(key string, read *markRead) (m markEntry, exists, known bool) {
-	if m, ok := s.marks[key]; ok {
-		return m, true, true
+// it for this table generation (cached then, if it exists and is bound to
+// a lock of the shard), unless read predates a change made here; known
+// false: it must be read.
+func (o *Owner) markAt(s *shardState, key string, read *markRead) (m markEntry, exists, known bool) {
+	c, cached := s.marks[key]
+	if cached && !c.unknown {
+		return c, true, true
 	}
 	g, ok := read.of(key, s.gen)
-	if !ok {
+	if !ok || (cached && read.rev < c.staleBefore) {
 		return markEntry{}, false, false
 	}
 	if !g.exists {
 		return markEntry{}, false, true
 	}
-	s.cacheMark(key, g.entry)
-	return s.marks[key], true, true
+	o.cacheMark(s, key, g.entry, read.rev)
+	return g.entry, true, true
 }
 
 // markPlan is what one decision under the shard's mutex leaves to do.
@@ -220,7 +320,10 @@ type markPlan struct {
 	read    []string     // read these marks from etcd, then decide again
 	create  *markEntry   // create the mark (no mark yet): createMark
 	raised  <-chan error // a raise was submitted: its outcome
-	id      markID
+	// wait: an admin's change holds the mark (markadmin.go); decide again
+	// once it ends.
+	wait <-chan struct{}
+	id   markID
 	// bindKey is a per-slot mark's binding, the resource's own key ("" for
 	// a plain mark, which is its own binding). Creating the per-slot mark
 	// creates the binding too (bind, when there is none), or compares its
@@ -235,8 +338,9 @@ type markPlan struct {
 var testHookBeforeCreate func()
 
 // maxMarkAttempts bounds the decisions of one validation: each further one
-// follows a read (one per table generation), or a creation lost to another
-// (a lock of another shard took the resource: answered next; or the same
+// follows a read (one per table generation, or per admin change of the
+// mark), an admin's change of the mark, or a creation lost to another (a
+// lock of another shard took the resource: answered next; or the same
 // identity created another mark on another replica: progress, bounded by
 // its cap).
 const maxMarkAttempts = 64
@@ -262,6 +366,12 @@ func (o *Owner) ValidateResource(ctx context.Context, c MarkCheck) (fence.Verdic
 		switch {
 		case p.done:
 			return p.verdict, p.err
+		case p.wait != nil:
+			select {
+			case <-p.wait:
+			case <-ctx.Done():
+				return fence.Verdict{}, ctx.Err()
+			}
 		case p.raised != nil:
 			select {
 			case err := <-p.raised:
@@ -327,10 +437,15 @@ func (o *Owner) decideMark(s *shardState, c MarkCheck, read markRead) markPlan {
 		bound   bool // a per-slot mark's binding exists (bind)
 	)
 	if id.perSlot {
+		bindKey = o.markKey(markID{resource: c.Resource})
+	}
+	if ch := s.changeOf(key, bindKey); ch != nil {
+		return markPlan{wait: ch}
+	}
+	if id.perSlot {
 		// The binding first: a resource bound to another lock refuses
 		// every per-slot mark of this one, whatever exists at its slot.
-		bindKey = o.markKey(markID{resource: c.Resource})
-		b, exists, known := s.markAt(bindKey, &read)
+		b, exists, known := o.markAt(s, bindKey, &read)
 		if !known {
 			return markPlan{read: []string{bindKey, key}, gen: s.gen}
 		}
@@ -339,7 +454,7 @@ func (o *Owner) decideMark(s *shardState, c MarkCheck, read markRead) markPlan {
 		}
 		bind, bound = b, exists
 	}
-	m, exists, known := s.markAt(key, &read)
+	m, exists, known := o.markAt(s, key, &read)
 	if !known {
 		if !id.perSlot || bound {
 			return markPlan{read: []string{key}, gen: s.gen}
@@ -353,7 +468,7 @@ func (o *Owner) decideMark(s *shardState, c MarkCheck, read markRead) markPlan {
 	if !verdict.Valid || c.Token == m.token {
 		return markPlan{done: true, verdict: verdict} // refused, or the same holder again: nothing to write
 	}
-	next := markEntry{lock: c.Name, token: c.Token, creator: m.creator, createRev: m.createRev}
+	next := markEntry{lock: c.Name, token: c.Token, creator: m.creator, createRev: m.createRev, uncounted: m.uncounted}
 	if !exists {
 		next.creator = keyspace.IdentityHash(c.Identity)
 		p := markPlan{create: &next, verdict: verdict, key: key, gen: s.gen, term: s.term, id: id, bindKey: bindKey}
@@ -361,20 +476,31 @@ func (o *Owner) decideMark(s *shardState, c MarkCheck, read markRead) markPlan {
 		case id.perSlot && bound:
 			p.bindRev = bind.createRev
 		case id.perSlot:
-			p.bind = &markEntry{lock: c.Name, creator: next.creator}
+			p.bind = &markEntry{lock: c.Name, creator: next.creator, uncounted: true}
 		}
 		return p
 	}
+	verdict.Mark = c.Token
+	return markPlan{raised: o.raiseMark(s, id, key, next), verdict: verdict}
+}
+
+// raiseMark submits the raise of the cached mark at key to next (under
+// s.mu), counted in flight until it is done (an admin change waits for
+// it), and returns its outcome.
+func (o *Owner) raiseMark(s *shardState, id markID, key string, next markEntry) <-chan error {
 	ch := make(chan error, 1)
 	ops := []Op{{Key: key, Value: next.record(id, o.clock.Now()), Conflict: key}}
-	o.submitOwn(s, ops, func(_ int64, err error, current bool) {
-		if err == nil && current {
-			s.cacheMark(key, next)
+	s.raiseStarted(key)
+	o.submitOwn(s, ops, func(rev int64, err error, current bool) {
+		if current {
+			s.raiseEnded(key)
+			if err == nil {
+				o.cacheMark(s, key, next, rev)
+			}
 		}
 		ch <- err
 	})
-	verdict.Mark = c.Token
-	return markPlan{raised: ch, verdict: verdict}
+	return ch
 }
 
 // judgeMark is the verdict for token (of revision rev) given the table's

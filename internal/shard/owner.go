@@ -66,6 +66,8 @@ type shardState struct {
 	ends     endings // WatchGrant's watches and recent ends (endings.go)
 
 	marks map[string]markEntry // cached resource marks (marks.go); cleared by drop
+
+	sessions map[string]*sessionEntry // the sessions of this home shard (sessions.go); loaded with the table
 }
 
 type ownerOptions struct {
@@ -140,8 +142,12 @@ func NewOwner(ctx context.Context, cli *clientv3.Client, prefix string, opts ...
 		return nil, err
 	}
 	o.member.Store(m)
-	o.wg.Add(1)
+	o.wg.Add(2)
 	go o.keepMember()
+	go func() {
+		defer o.wg.Done()
+		o.reapSessions()
+	}()
 	return o, nil
 }
 

@@ -48,7 +48,8 @@ func (o *Owner) drop(s *shardState) {
 	s.tab = nil
 	s.gen++
 	s.stopTimer()
-	clear(s.marks) // the next table reads its marks from etcd again (marks.go)
+	clear(s.marks)   // the next table reads its marks from etcd again (marks.go)
+	s.sessions = nil // the next table loads its sessions with its grants (sessions.go)
 }
 
 // startLoad loads the shard in the background once nothing of an older
@@ -71,6 +72,10 @@ func (o *Owner) startLoad(s *shardState) {
 func (o *Owner) load(s *shardState, gen uint64, term int64) {
 	for attempt := 0; ; attempt++ {
 		loaded, err := o.readShard(s.n)
+		var sessions map[string]*sessionEntry
+		if err == nil {
+			sessions, err = o.readSessions(o.ctx, s.n, o.clock.Now())
+		}
 		s.mu.Lock()
 		if s.gen != gen || s.term != term || o.ctx.Err() != nil {
 			s.loading = false
@@ -79,9 +84,10 @@ func (o *Owner) load(s *shardState, gen uint64, term int64) {
 			return
 		}
 		if err == nil {
-			s.tab = locktable.New(locktable.Config{Prefix: o.dataPrefix(s.n), Escape: keyspace.Escape,
+			s.tab = locktable.New(locktable.Config{Prefix: o.dataPrefix(s.n), EndedPrefix: o.endedPrefix(s.n), Escape: keyspace.Escape,
 				Term: term, Incarnation: o.incarnation.Add(1), MaxWaiters: o.cfg.maxWaiters})
 			s.tab.Load(o.clock.Now(), loaded)
+			s.sessions = sessions
 			s.broken.Store(false)
 			s.loading = false
 			o.flush(s)
@@ -143,7 +149,10 @@ func (o *Owner) submit(s *shardState, u locktable.Unit) {
 	ops := make([]Op, len(u.Ops))
 	for i, op := range u.Ops {
 		ops[i] = Op{Key: op.Key, Value: op.Value, Delete: op.Delete}
-		if !op.Delete {
+		switch {
+		case op.Ephemeral: // an end marker: no grant, on the member's lease
+			ops[i].Lease = o.current().lease.ID()
+		case !op.Delete:
 			ops[i].Conflict = "grant:" + op.Name
 		}
 	}

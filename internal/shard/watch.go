@@ -30,14 +30,19 @@ import (
 // its own etcd client, etcd keeps the history for a resume (start
 // revision) and says when it compacted it away.
 //
-// What etcd's history cannot tell is how a grant ended: a release, an
-// expiry and a force release are the same delete (the owner alone knows,
-// in memory, and only until it forgets: endings.go). A WatchEnded event
-// therefore carries GrantEndUnknown.
+// How a grant ended is not in its delete (a release, an expiry and a force
+// release are the same delete), so the owner writes it beside: the unit
+// that releases or force-releases grants also puts, per lock, an end
+// marker, <prefix>shards/ended/<shard>/<escaped name>, listing their tokens
+// and causes, in the revision of the deletes (locktable/ended.go; on the
+// member's lease, so markers live no longer than the member that wrote
+// them). A watch reads the markers of a revision's ends at that revision
+// (one read per revision with ends): a grant the marker written in that
+// revision lists ended as listed, any other expired.
 
-// GrantEndUnknown is how a grant ended when only etcd's history was seen
-// (WatchEvent.End): a release, an expiry and a force release are one
-// delete there.
+// GrantEndUnknown is how a grant ended when its lock's end marker could
+// not be read at the revision of its delete (etcd compacted that revision
+// away meanwhile).
 const GrantEndUnknown GrantEnd = 0
 
 // WatchFilter chooses the grants a Watch reports: one lock's (Name), those
@@ -86,7 +91,8 @@ const (
 	// WatchGranted: a new holder (its key was created).
 	WatchGranted
 	// WatchEnded: a holder's grant ended (its key was deleted); End says
-	// how, as far as etcd's history tells (GrantEndUnknown).
+	// how (GrantReleased, GrantExpired, GrantForced; GrantEndUnknown if
+	// that was compacted away).
 	WatchEnded
 )
 
@@ -122,8 +128,7 @@ type WatchEvent struct {
 	// WatchCurrent). A WatchGranted's is its token.
 	Revision int64
 	Holder   *WatchHolder
-	// End is how the grant ended (WatchEnded): always GrantEndUnknown,
-	// since etcd's history does not say.
+	// End is how the grant ended (WatchEnded), by its lock's end marker.
 	End GrantEnd
 }
 
@@ -334,7 +339,7 @@ func (w *grantWatch) follow(ctx context.Context, wch clientv3.WatchChan, emit fu
 					n++
 				}
 				if rev >= w.next { // earlier: in the snapshot, or seen before etcd's client resumed the watch
-					if err := w.apply(evs[:n], rev, emit); err != nil {
+					if err := w.apply(ctx, evs[:n], rev, emit); err != nil {
 						return err
 					}
 					w.next = rev + 1
@@ -345,10 +350,11 @@ func (w *grantWatch) follow(ctx context.Context, wch clientv3.WatchChan, emit fu
 	}
 }
 
-// apply folds one revision's events into state and emits them: the ends,
-// then the grants, each by name and token.
-func (w *grantWatch) apply(evs []*clientv3.Event, rev int64, emit func(WatchEvent) error) error {
+// apply folds one revision's events into state and emits them: the ends
+// (each with how it ended), then the grants, each by name and token.
+func (w *grantWatch) apply(ctx context.Context, evs []*clientv3.Event, rev int64, emit func(WatchEvent) error) error {
 	var ended, granted []*WatchHolder
+	markers := map[*WatchHolder]string{} // the end marker key of each ended holder
 	for _, ev := range evs {
 		name, ok := w.nameOf(ev.Kv.Key)
 		if !ok || !w.f.matches(name) {
@@ -364,6 +370,7 @@ func (w *grantWatch) apply(evs []*clientv3.Event, rev int64, emit func(WatchEven
 			delete(w.state, k)
 			if h != nil {
 				ended = append(ended, h)
+				markers[h] = w.markerOf(k)
 			}
 		case ev.IsCreate():
 			h := holderOf(name, ev.Kv)
@@ -374,8 +381,12 @@ func (w *grantWatch) apply(evs []*clientv3.Event, rev int64, emit func(WatchEven
 			w.state[k] = holderOf(name, ev.Kv)
 		}
 	}
+	how, err := w.endsAt(ctx, rev, ended, markers)
+	if err != nil {
+		return err
+	}
 	for _, h := range sortedHolders(ended) {
-		if err := emit(WatchEvent{Kind: WatchEnded, Revision: rev, Holder: h, End: GrantEndUnknown}); err != nil {
+		if err := emit(WatchEvent{Kind: WatchEnded, Revision: rev, Holder: h, End: how[h]}); err != nil {
 			return err
 		}
 	}
@@ -385,6 +396,101 @@ func (w *grantWatch) apply(evs []*clientv3.Event, rev int64, emit func(WatchEven
 		}
 	}
 	return nil
+}
+
+// endsAt is how each of the holders whose keys a revision deleted ended,
+// by the end markers (markers, by holder) as written in that revision:
+// one read of them all at rev.
+func (w *grantWatch) endsAt(ctx context.Context, rev int64, ended []*WatchHolder, markers map[*WatchHolder]string) (map[*WatchHolder]GrantEnd, error) {
+	if len(ended) == 0 {
+		return nil, nil
+	}
+	var keys []string
+	for _, h := range ended {
+		if k := markers[h]; !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
+	}
+	values, err := w.markersAt(ctx, rev, keys)
+	compacted := errors.Is(err, lease.ErrCompacted) // after etcd sent the events: rare, and not fatal
+	if err != nil && !compacted {
+		return nil, err
+	}
+	how := make(map[*WatchHolder]GrantEnd, len(ended))
+	for _, h := range ended {
+		how[h] = GrantEndUnknown
+		if !compacted {
+			how[h] = grantEndOf(locktable.MarkedEnd(values[markers[h]], h.Token))
+		}
+	}
+	return how, nil
+}
+
+// markersAt reads the end markers at keys as they were at rev, in one
+// request: the value of each one written in that very revision (others
+// are older ends', or none). The keys are the locks of one revision's
+// deletes, so no more than the ops of the Txn that made it (etcd's
+// --max-txn-ops bounds both).
+func (w *grantWatch) markersAt(ctx context.Context, rev int64, keys []string) (map[string]string, error) {
+	var kvs []*mvccpb.KeyValue
+	if len(keys) == 1 {
+		r, err := w.o.cli.Get(ctx, keys[0], clientv3.WithRev(rev))
+		if err != nil {
+			return nil, w.markerErr(ctx, err)
+		}
+		kvs = r.Kvs
+	} else {
+		ops := make([]clientv3.Op, len(keys))
+		for i, k := range keys {
+			ops[i] = clientv3.OpGet(k, clientv3.WithRev(rev))
+		}
+		r, err := w.o.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, w.markerErr(ctx, err)
+		}
+		for _, rr := range r.Responses {
+			kvs = append(kvs, rr.GetResponseRange().GetKvs()...)
+		}
+	}
+	out := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		if kv.ModRevision == rev {
+			out[string(kv.Key)] = string(kv.Value)
+		}
+	}
+	return out, nil
+}
+
+// markerErr is the error of a read of end markers: lease.ErrCompacted if
+// etcd no longer has the revision.
+func (w *grantWatch) markerErr(ctx context.Context, err error) error {
+	if errors.Is(err, rpctypes.ErrCompacted) {
+		return lease.ErrCompacted
+	}
+	return w.etcdErr(ctx, "read the end markers", err)
+}
+
+// grantEndOf is an end marker's cause as a GrantEnd.
+func grantEndOf(c locktable.EndCause) GrantEnd {
+	switch c {
+	case locktable.EndReleased:
+		return GrantReleased
+	case locktable.EndForced:
+		return GrantForced
+	}
+	return GrantExpired
+}
+
+// markerOf is the end marker key of the lock of a grant key:
+// <data><shard>/<escaped name>/<id> ends at <ended><shard>/<escaped name>.
+func (w *grantWatch) markerOf(key string) string {
+	rest := strings.TrimPrefix(key, w.data)
+	return w.o.prefix + "shards/ended/" + rest[:strings.LastIndexByte(rest, '/')]
+}
+
+// endedPrefix is where a shard's end markers live (locktable.Config).
+func (o *Owner) endedPrefix(shard uint32) string {
+	return fmt.Sprintf("%sshards/ended/%05d/", o.prefix, shard)
 }
 
 // nameOf is the lock name of a grant key, <data><shard>/<escaped name>/<id>.

@@ -107,14 +107,24 @@ func wantEvent(t *testing.T, ev WatchEvent, kind WatchKind, name string, token i
 			t.Fatalf("grant %s at revision %d, want its token", evString(ev), ev.Revision)
 		}
 	case WatchEnded:
-		if ev.Revision <= token || ev.End != GrantEndUnknown {
-			t.Fatalf("end %s (end %v), want a later revision and an unknown end", evString(ev), ev.End)
+		if ev.Revision <= token {
+			t.Fatalf("end %s, want a revision after its token", evString(ev))
 		}
 	}
 }
 
+// wantEnd checks an event is the end of name's grant token, as end.
+func wantEnd(t *testing.T, ev WatchEvent, name string, token int64, end GrantEnd) {
+	t.Helper()
+	wantEvent(t, ev, WatchEnded, name, token)
+	if ev.End != end {
+		t.Fatalf("end %s: %v, want %v", evString(ev), ev.End, end)
+	}
+}
+
 // A watch of one name sees its grants and their ends (release, hand-off,
-// expiry, force release) in revision order with their tokens, and nothing
+// expiry, force release) in revision order with their tokens and how each
+// ended, and nothing
 // of the names that share its prefix; a resume from the revision after
 // any event replays exactly what followed it.
 func TestWatchNameGrantsAndEnds(t *testing.T) {
@@ -137,10 +147,13 @@ func TestWatchNameGrantsAndEnds(t *testing.T) {
 		}
 	}
 	var events []WatchEvent
-	take := func(kind WatchKind, token int64) {
+	take := func(kind WatchKind, token int64, end ...GrantEnd) {
 		t.Helper()
 		ev := w.next()
 		wantEvent(t, ev, kind, "w", token)
+		if kind == WatchEnded && ev.End != end[0] {
+			t.Fatalf("end %s: %v, want %v", evString(ev), ev.End, end[0])
+		}
 		if n := len(events); n > 0 && ev.Revision < events[n-1].Revision {
 			t.Fatalf("revision %d after %d", ev.Revision, events[n-1].Revision)
 		}
@@ -160,7 +173,7 @@ func TestWatchNameGrantsAndEnds(t *testing.T) {
 	if h := events[0].Holder; h.Owner != "worker-a" || h.TTL != 5*time.Second || h.AcquiredAt.IsZero() || h.Limit > 1 || h.Shared {
 		t.Fatalf("granted holder %+v, want the record's owner, TTL and time", h)
 	}
-	take(WatchEnded, a.Token)
+	take(WatchEnded, a.Token, GrantReleased)
 	if events[1].Holder.Owner != "worker-a" {
 		t.Fatalf("ended holder %+v, want the record's owner", events[1].Holder)
 	}
@@ -192,7 +205,7 @@ func TestWatchNameGrantsAndEnds(t *testing.T) {
 		t.FailNow()
 	}
 	take(WatchGranted, b.Token)
-	take(WatchEnded, b.Token)
+	take(WatchEnded, b.Token, GrantReleased)
 	take(WatchGranted, c.Token)
 	if events[3].Revision != events[4].Revision {
 		t.Fatalf("the hand-off's end at %d and grant at %d, want one revision", events[3].Revision, events[4].Revision)
@@ -200,7 +213,7 @@ func TestWatchNameGrantsAndEnds(t *testing.T) {
 	if ok, err := o.Release(ctx, "w", c.Token, c.Handle, "alice"); err != nil || !ok {
 		t.Fatalf("release = %v, %v", ok, err)
 	}
-	take(WatchEnded, c.Token)
+	take(WatchEnded, c.Token, GrantReleased)
 
 	// Expired.
 	d, err := o.Acquire(ctx, acq("w", 300*time.Millisecond, 0))
@@ -208,7 +221,7 @@ func TestWatchNameGrantsAndEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	take(WatchGranted, d.Token)
-	take(WatchEnded, d.Token)
+	take(WatchEnded, d.Token, GrantExpired)
 
 	// Force-released.
 	e, err := o.Acquire(ctx, acq("w", 5*time.Second, 0))
@@ -220,7 +233,7 @@ func TestWatchNameGrantsAndEnds(t *testing.T) {
 		t.Fatalf("force release = %v, %v", ok, err)
 	}
 	take(WatchGranted, e.Token)
-	take(WatchEnded, e.Token)
+	take(WatchEnded, e.Token, GrantForced)
 	w.quiet(100 * time.Millisecond)
 
 	// Resume after each complete revision: exactly what followed.
@@ -234,7 +247,7 @@ func TestWatchNameGrantsAndEnds(t *testing.T) {
 		}
 		r := startWatch(t, o, WatchFilter{Name: "w"}, start)
 		for _, want := range events[i+1:] {
-			if got := r.next(); got.Kind != want.Kind || got.Revision != want.Revision || got.Holder.Token != want.Holder.Token {
+			if got := r.next(); got.Kind != want.Kind || got.Revision != want.Revision || got.Holder.Token != want.Holder.Token || got.End != want.End {
 				t.Fatalf("resumed from %d: %s, want %s", start, evString(got), evString(want))
 			}
 		}
@@ -337,12 +350,12 @@ func TestWatchPrefixAndAllSpanShards(t *testing.T) {
 		}
 		wantEvent(t, pw.next(), WatchGranted, g.Name, g.Token)
 	}
-	wantEvent(t, pw.next(), WatchEnded, jobs[0], first.Token)
+	wantEnd(t, pw.next(), jobs[0], first.Token, GrantReleased)
 	pw.quiet(100 * time.Millisecond)
 	for _, g := range grants {
 		wantEvent(t, aw.next(), WatchGranted, g.Name, g.Token)
 	}
-	wantEvent(t, aw.next(), WatchEnded, jobs[0], first.Token)
+	wantEnd(t, aw.next(), jobs[0], first.Token, GrantReleased)
 	aw.quiet(50 * time.Millisecond)
 
 	// With nothing held under the prefix, the current state is one
@@ -472,7 +485,7 @@ func TestWatchOnARelayAndAcrossAHandOver(t *testing.T) {
 	if ok, err := o2.Release(ctx, "kept", g.Token, g.Handle, "alice"); err != nil || !ok {
 		t.Fatalf("release on the new owner = %v, %v", ok, err)
 	}
-	wantEvent(t, rw.next(), WatchEnded, "kept", g.Token)
+	wantEnd(t, rw.next(), "kept", g.Token, GrantReleased)
 }
 
 // Watches that start from the current state while the lock changes hands
@@ -568,5 +581,89 @@ func TestWatchFromNowUnderChurn(t *testing.T) {
 		if len(live) != 0 || len(seen) == 0 {
 			t.Fatalf("watch %d: %d holders left, %d seen", i, len(live), len(seen))
 		}
+	}
+}
+
+// How a watch tells the ends of one revision apart, from an etcd history
+// written by hand as owners write it: a semaphore whose holders end in one
+// revision (a release, an expiry, a force release) and a mutex released in
+// the same revision (one read of both markers); a marker that names the
+// token but was written before its delete (an expiry, whatever it says);
+// and, once that revision is compacted away, GrantEndUnknown.
+func TestWatchEndCausesFromMarkers(t *testing.T) {
+	_, cli := ownerEtcd(t)
+	o := startOwner(t, cli)
+	ctx := ctxT(t)
+	grantKey := func(name, id string) string { return o.dataPrefix(o.ShardOf(name)) + keyspace.Escape(name) + "/" + id }
+	markerKey := func(name string) string { return o.endedPrefix(o.ShardOf(name)) + keyspace.Escape(name) }
+	put := func(key, value string, opts ...clientv3.OpOption) int64 {
+		t.Helper()
+		r, err := cli.Put(ctx, key, value, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Header.Revision
+	}
+	sem, mx := "raw/sem", "raw/mx"
+	var tok []int64
+	for i, n := range []string{sem, sem, sem, mx, mx} {
+		tok = append(tok, put(grantKey(n, fmt.Sprint("g", i)), "not a record"))
+	}
+	r, err := cli.Txn(ctx).Then(
+		clientv3.OpDelete(grantKey(sem, "g0")), clientv3.OpDelete(grantKey(sem, "g1")), clientv3.OpDelete(grantKey(sem, "g2")),
+		clientv3.OpDelete(grantKey(mx, "g3")),
+		clientv3.OpPut(markerKey(sem), fmt.Sprintf("released:%d,forced:%d", tok[0], tok[2])),
+		clientv3.OpPut(markerKey(mx), fmt.Sprintf("released:%d", tok[3])),
+	).Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	both := r.Header.Revision
+	put(markerKey(mx), fmt.Sprintf("released:%d", tok[4])) // not in the revision of the delete
+	late, err := cli.Delete(ctx, grantKey(mx, "g4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	want := []struct {
+		name  string
+		token int64
+		rev   int64
+		end   GrantEnd
+	}{
+		{mx, tok[3], both, GrantReleased},
+		{sem, tok[0], both, GrantReleased},
+		{sem, tok[1], both, GrantExpired},
+		{sem, tok[2], both, GrantForced},
+		{mx, tok[4], late.Header.Revision, GrantExpired},
+	}
+	all := startWatch(t, o, WatchFilter{Prefix: "raw/"}, tok[0])
+	one := startWatch(t, o, WatchFilter{Name: sem}, tok[0])
+	for range tok {
+		all.next() // the grants
+	}
+	for range 3 {
+		one.next()
+	}
+	for _, w := range want {
+		ev := all.next()
+		wantEnd(t, ev, w.name, w.token, w.end)
+		if ev.Revision != w.rev {
+			t.Fatalf("end %s, want revision %d", evString(ev), w.rev)
+		}
+		if w.name == sem {
+			wantEnd(t, one.next(), w.name, w.token, w.end)
+		}
+	}
+
+	// Compacted before the markers are read: not known.
+	if _, err := cli.Compact(ctx, late.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	gw := &grantWatch{o: o, data: o.prefix + "shards/data/"}
+	h := &WatchHolder{Name: sem, Token: tok[0]}
+	how, err := gw.endsAt(ctx, both, []*WatchHolder{h}, map[*WatchHolder]string{h: gw.markerOf(grantKey(sem, "g0"))})
+	if err != nil || how[h] != GrantEndUnknown {
+		t.Fatalf("ends at a compacted revision: %v, %v; want GrantEndUnknown", how, err)
 	}
 }

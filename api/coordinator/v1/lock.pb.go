@@ -216,9 +216,9 @@ type WatchResponse_Kind int32
 
 const (
 	// Never sent by the default queue core. The shard-owner core (-core
-	// shard, being built) sends it for a grant's end, whose cause (release,
-	// expiry, force release) it does not record yet: treat it as "the
-	// holder is gone".
+	// shard, being built) sends it for a grant's end only when etcd
+	// compacted the end's revision away before its cause (release, expiry,
+	// force release) was read: treat it as "the holder is gone".
 	WatchResponse_KIND_UNSPECIFIED WatchResponse_Kind = 0
 	// The state when the watch started (holder may be unset: free).
 	WatchResponse_KIND_CURRENT WatchResponse_Kind = 1
