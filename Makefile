@@ -70,15 +70,20 @@ chaos-shards:
 	CHAOS_RUNS=$(CHAOS_RUNS) $(GO) test -count=1 -timeout 60m -run '^TestChaosRandomizedShards$$' -v ./internal/chaos
 
 ## bench: the full side-by-side benchmark (coordinatord vs etcd Mutex, v3lock, linearizable Get; ~15 min on 2 cores);
-## writes docs/benchmarks/results.md and chart.svg, CPU profiles into bin/profiles (pass flags with ARGS=...)
+## writes docs/benchmarks/results.md and chart.svg, CPU profiles into bin/profiles (pass flags with ARGS=...);
+## then the shard core's replicas (1, 3, 8 members) and failover (rolling restart, kill -9) cells (~3 min)
+## into docs/benchmarks/results-shard-replicas.md
 bench:
 	$(GO) build -o $(BIN)/coordbench ./cmd/coordbench
 	$(BIN)/coordbench -profile-dir bin/profiles $(ARGS)
+	$(BIN)/coordbench -core shard -scenarios replicas,failover -out docs/benchmarks/results-shard-replicas.md -svg '' $(ARGS)
 
-## bench-quick: the same scenarios, short (about 2 minutes); writes bin/bench-quick.md and bin/bench-quick.svg
+## bench-quick: the same scenarios, short (about 3 minutes); writes bin/bench-quick.md and bin/bench-quick.svg,
+## and bin/bench-quick-shard.md (the shard core's replicas and failover cells, one failover)
 bench-quick:
 	$(GO) build -o $(BIN)/coordbench ./cmd/coordbench
 	$(BIN)/coordbench -quick -out $(BIN)/bench-quick.md -svg $(BIN)/bench-quick.svg $(ARGS)
+	$(BIN)/coordbench -quick -core shard -scenarios replicas,failover -out $(BIN)/bench-quick-shard.md -svg '' $(ARGS)
 
 ## bench-go: the testing.B micro- and end-to-end benchmarks of the hot paths
 bench-go:

@@ -61,7 +61,8 @@ type bench struct {
 	cfg     config
 	etcd    *child
 	coord   *child
-	coord2  *child // the second coordinatord replica, while the etcd-bound scenario runs
+	extra   []*child // further coordinatord replicas (etcd-bound, replicas and failover scenarios), while they run
+	secret  string   // shard core: the file of the members' shared secret
 	cl      *clients
 	systems map[string]locker
 	redis   *redisPeer   // the counter scenario's peer; nil when redis-server is not installed
@@ -172,15 +173,15 @@ func (b *bench) window(c cell, rep int, workers int, grace time.Duration, profil
 	return r
 }
 
-// cpu is the CPU time used so far by this process, coordinatord (both
-// replicas when there are two), etcd and the whole machine.
+// cpu is the CPU time used so far by this process, coordinatord (every
+// replica when there are more), etcd and the whole machine.
 func (b *bench) cpu() [4]time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	self := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	coord, _ := cpuTime(b.coord.pid())
-	if b.coord2 != nil {
-		c2, _ := cpuTime(b.coord2.pid())
+	for _, c := range b.extra {
+		c2, _ := cpuTime(c.pid())
 		coord += c2
 	}
 	etcd, _ := cpuTime(b.etcd.pid())

@@ -39,7 +39,7 @@ func (b *bench) runEtcdBound(progress func(result), rotate func([]string, int) [
 		b.skipped = append(b.skipped, fmt.Sprintf("the etcd-bound scenario: this process may run on %d CPU, it needs 2 (etcd on one, the rest on the other)", len(cpus)))
 		return nil
 	}
-	second, err := startChild(roleCoordinator, "-etcd", b.etcd.addr, "-core", b.cfg.core)
+	second, err := startChild(roleCoordinator, b.coordArgs("")...)
 	if err != nil {
 		return fmt.Errorf("etcd-bound: second coordinatord: %w", err)
 	}
@@ -61,8 +61,8 @@ func (b *bench) runEtcdBound(progress func(result), rotate func([]string, int) [
 		both.coord = append(both.coord, b.cl.coord[i], coordinatorv1.NewLockServiceClient(gc))
 	}
 	b.systems[sysCoord2] = coordLocker{both}
-	b.coord2 = second
-	defer func() { b.coord2 = nil }()
+	b.extra = []*child{second}
+	defer func() { b.extra = nil }()
 
 	var one, rest unix.CPUSet
 	one.Set(cpus[0])

@@ -39,7 +39,10 @@ type config struct {
 	quick            bool
 	peerOnly         bool
 	whatif           bool
-	core             string // the coordinatord child's -core
+	core             string        // the coordinatord child's -core
+	replicas         []int         // replicas: replica counts of the cell (the first is the baseline)
+	failoverReps     int           // failover: repetitions (each kills an owner and restarts every member)
+	shardTTL         time.Duration // shard core: the members' lease TTL
 	args             []string
 }
 
@@ -79,7 +82,7 @@ func parse(args []string) (config, error) {
 	var (
 		c                                      config
 		clients, contended, held, scenarioList string
-		counters                               string
+		counters, replicas                     string
 	)
 	fs.BoolVar(&c.quick, "quick", false, "a quick run (about 2 minutes): -reps 2 -duration 1s -warmup 300ms -held 100,10000, unless given explicitly")
 	fs.BoolVar(&c.peerOnly, "peer-only", false, "measure only etcd's Mutex (uncontended -clients, contended -contended): a minimal program on a plain etcd of its own beside coordbench's Mutex peer on the etcd child every scenario runs on, and on coordinatord's embedded etcd configuration (docs/BENCHMARKS.md, Peer fairness)")
@@ -92,7 +95,10 @@ func parse(args []string) (config, error) {
 	fs.StringVar(&counters, "counters", "1,1000", "numbers of distinct counters of the counter scenario (1: one hot counter)")
 	fs.IntVar(&c.counterClients, "counter-clients", 64, "workers of the counter scenario")
 	fs.IntVar(&c.conns, "conns", 4, "gRPC connections to coordinatord and etcd clients, shared round-robin by the workers")
-	fs.StringVar(&scenarioList, "scenarios", "uncontended,contended,validate,etcdbound,held,counter", "scenarios to run (etcdbound: etcd pinned to one CPU, the rest to another; the most -clients)")
+	fs.StringVar(&scenarioList, "scenarios", "uncontended,contended,validate,etcdbound,held,counter,replicas,failover", "scenarios to run (etcdbound: etcd pinned to one CPU, the rest to another; the most -clients; replicas and failover: -core shard only)")
+	fs.StringVar(&replicas, "replicas", "1,3,8", "replicas scenario (-core shard): numbers of member replicas on the one etcd, the most -clients spread over them (the first is the baseline)")
+	fs.IntVar(&c.failoverReps, "failover-reps", 3, "failover scenario (-core shard): repetitions, each a rolling restart of 3 members and a kill -9 of one")
+	fs.DurationVar(&c.shardTTL, "shard-lease-ttl", 5*time.Second, "-core shard: the members' lease TTL (the daemon's default); a killed owner's shards should serve again within it + 2s")
 	fs.StringVar(&c.out, "out", "docs/benchmarks/results.md", "markdown report (also printed to stdout); empty: stdout only")
 	fs.StringVar(&c.svg, "svg", "docs/benchmarks/chart.svg", "SVG chart; empty: none")
 	fs.StringVar(&c.profileDir, "profile-dir", "", "if set, CPU profiles of coordinatord and etcd during the first repetition of each uncontended cell (coordinatord and Mutex), contended and validate cell (coordinatord) are written here")
@@ -123,6 +129,9 @@ func parse(args []string) (config, error) {
 		if !set["held"] {
 			held = "100,10000"
 		}
+		if !set["failover-reps"] {
+			c.failoverReps = 1
+		}
 	}
 	var err error
 	if c.clients, err = ints(clients); err != nil {
@@ -137,9 +146,12 @@ func parse(args []string) (config, error) {
 	if c.counters, err = ints(counters); err != nil {
 		return c, fmt.Errorf("-counters: %w", err)
 	}
+	if c.replicas, err = ints(replicas); err != nil {
+		return c, fmt.Errorf("-replicas: %w", err)
+	}
 	for _, s := range strings.Split(scenarioList, ",") {
 		switch s = strings.TrimSpace(s); s {
-		case scUncontended, scContended, scValidate, scEtcdBound, scHeld, scCounter:
+		case scUncontended, scContended, scValidate, scEtcdBound, scHeld, scCounter, scReplicas, scFailover:
 			c.scenarios = append(c.scenarios, s)
 		case "":
 		default:
@@ -157,6 +169,12 @@ func parse(args []string) (config, error) {
 		return c, fmt.Errorf("-conns %d: must be at least 1", c.conns)
 	case c.counterClients < 1:
 		return c, fmt.Errorf("-counter-clients %d: must be at least 1", c.counterClients)
+	case c.failoverReps < 1:
+		return c, fmt.Errorf("-failover-reps %d: must be at least 1", c.failoverReps)
+	case c.shardTTL < time.Second || c.shardTTL%time.Second != 0:
+		return c, fmt.Errorf("-shard-lease-ttl %v: must be whole seconds, at least 1s (etcd leases are whole seconds)", c.shardTTL)
+	case len(c.replicas) == 0 && slices.Contains(c.scenarios, scReplicas):
+		return c, errors.New("-replicas: give at least one replica count")
 	}
 	c.args = args
 	return c, nil
@@ -202,11 +220,26 @@ func newBench(cfg config, role, dir string) (b *bench, stop func(), err error) {
 		return nil, nil, err
 	}
 	stops = append(stops, func() { stopLogged(role, etcd) })
-	coord, err := startChild(roleCoordinator, "-etcd", etcd.addr, "-core", cfg.core)
+	var secret string
+	if cfg.core == "shard" {
+		// Beside the etcd data directory: the replicas' shared secret, as
+		// every member of a daemon cluster is given one.
+		secret = dir + ".member-secret"
+		if err := writeMemberSecret(secret); err != nil {
+			return nil, nil, err
+		}
+	}
+	coord, err := startChild(roleCoordinator, coordArgs(cfg, etcd.addr, secret, "")...)
 	if err != nil {
 		return nil, nil, err
 	}
-	stops = append(stops, func() { stopLogged(roleCoordinator, coord) })
+	stops = append(stops, func() {
+		c := coord
+		if b != nil {
+			c = b.coord // the failover scenario restarts it
+		}
+		stopLogged(roleCoordinator, c)
+	})
 	workers := slices.Max(slices.Concat(cfg.clients, cfg.contended, []int{1, cfg.counterClients}))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	cl, err := dialClients(ctx, coord.addr, etcd.addr, cfg.conns, workers)
@@ -215,7 +248,7 @@ func newBench(cfg config, role, dir string) (b *bench, stop func(), err error) {
 		return nil, nil, err
 	}
 	stops = append(stops, cl.close)
-	return &bench{cfg: cfg, etcd: etcd, coord: coord, cl: cl, systems: map[string]locker{
+	return &bench{cfg: cfg, etcd: etcd, coord: coord, cl: cl, secret: secret, systems: map[string]locker{
 		sysCoord: coordLocker{cl}, sysMutex: mutexLocker{cl}, sysV3lock: v3lockLocker{cl}, sysSem4: semLocker{cl},
 		sysRecipeNow: recipeNowLocker{cl}, sysRecipeNext: recipeNextLocker{cl},
 	}}, stop, nil
@@ -352,6 +385,11 @@ func bench1(cfg config) (rep *report, err error) {
 	}
 	if cfg.has(scCounter) {
 		if err := b.runCounters(progress, rotate); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.has(scReplicas) || cfg.has(scFailover) {
+		if err := b.runShardScenarios(progress, rotate, rep); err != nil {
 			return nil, err
 		}
 	}

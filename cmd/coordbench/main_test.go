@@ -64,7 +64,7 @@ func TestParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.reps != 3 || c.duration != time.Second || len(c.held) != 2 || len(c.scenarios) != 6 {
+	if c.reps != 3 || c.duration != time.Second || len(c.held) != 2 || len(c.scenarios) != 8 || c.failoverReps != 1 {
 		t.Fatalf("quick with explicit reps: %+v", c)
 	}
 	for _, bad := range [][]string{{"-reps", "0"}, {"-clients", "1,x"}, {"-scenarios", "nope"}, {"-duration", "1ms"}, {"extra"}, {"-counters", "0"}, {"-counter-clients", "0"}} {
@@ -174,6 +174,68 @@ func TestSmoke(t *testing.T) {
 	for _, f := range []string{"coordinatord-uncontended-64.pprof", "etcd-validate-64.pprof"} {
 		if st, err := os.Stat(filepath.Join(cfg.profileDir, f)); err != nil || st.Size() == 0 {
 			t.Errorf("profile %s: %v", f, err)
+		}
+	}
+}
+
+// TestSmokeShard runs the shard core's replicas and failover scenarios,
+// tiny: 1 and 2 replicas forwarding to each other, then a rolling restart
+// of 3 members and a kill -9 of one, and checks the report.
+func TestSmokeShard(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd and coordinatord processes")
+	}
+	dir := t.TempDir()
+	cfg, err := parse([]string{"-core", "shard", "-scenarios", "replicas,failover", "-reps", "1", "-duration", "500ms", "-warmup", "200ms",
+		"-clients", "8", "-replicas", "1,2", "-failover-reps", "1", "-shard-lease-ttl", "2s", "-conns", "2",
+		"-out", filepath.Join(dir, "r.md"), "-svg", "", "-data-dir", filepath.Join(dir, "etcd")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	null, _ := os.Open(os.DevNull)
+	os.Stdout = null
+	rep, err := bench1(cfg)
+	os.Stdout = stdout
+	null.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	systems := map[string]bool{}
+	for _, r := range rep.results {
+		systems[r.system] = true
+		if r.scenario != scReplicas || r.errs > 0 || !r.work.known {
+			t.Errorf("%+v: %d errors, etcd work known %v", r.cell, r.errs, r.work.known)
+		}
+		if r.ops == 0 && !raceEnabled {
+			t.Errorf("%+v: no operation completed in the window", r.cell)
+		}
+	}
+	if !systems[sysReplicas(1)] || !systems[sysReplicas(2)] || len(systems) != 2 {
+		t.Errorf("replicas cells measured: %v", systems)
+	}
+	if len(rep.failovers) != 1 {
+		t.Fatalf("%d failover repetitions, want 1", len(rep.failovers))
+	}
+	f := rep.failovers[0]
+	if f.shards == 0 || len(f.served) != f.shards {
+		t.Errorf("the killed member owned %d shards, %d probed", f.shards, len(f.served))
+	}
+	// A liveness bound (the probe's limit is the TTL + 30 s), without the
+	// race detector only.
+	if _, ok := f.servedAll(); !ok && !raceEnabled {
+		t.Errorf("the killed member's shards did not all serve again: %v", f.served)
+	}
+	md, err := os.ReadFile(cfg.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"### Failover (shard core, 3 members)", "after kill -9 of an owner, its shards serve again within its lease TTL + 2 s (4s)",
+		"rolling restart of 3 replicas under load: no failed call", "rolling restart of 3 replicas under load: longest pause <= 300 ms",
+		"etcd CPU per operation with 1 and 2 replicas within 1.2x of each other", "| replicas | 8 | 0 | coordinatord, 2 replicas |",
+		"2 replicas vs 1: acquire+release cycles/s"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report lacks %q:\n%s", want, md)
 		}
 	}
 }

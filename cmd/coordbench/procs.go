@@ -38,6 +38,11 @@ func runChild(role string, args []string) int {
 	dataDir := fs.String("data-dir", "", "etcd data directory")
 	etcdURL := fs.String("etcd", "", "etcd client URL")
 	core := fs.String("core", "queue", "coordinatord's lock core")
+	listen := fs.String("listen", "127.0.0.1:0", "coordinatord's gRPC address")
+	advertise := fs.String("advertise", "", "shard core: the address the other members forward to")
+	secretFile := fs.String("member-secret-file", "", "shard core: the members' shared secret")
+	shardTTL := fs.Duration("shard-lease-ttl", 0, "shard core: the member lease's TTL (0: the daemon's default)")
+	quietCalls := fs.Bool("quiet-calls", false, "do not log each failed call (the failover scenario's members: thousands of expected UNAVAILABLE answers)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -69,17 +74,24 @@ func runChild(role string, args []string) int {
 		e.Close()
 		return 0
 	case roleCoordinator:
-		log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		var h slog.Handler = slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})
+		if *quietCalls {
+			h = dropCalls{h}
+		}
+		log := slog.New(h)
 		err := daemon.Run(ctx, daemon.Config{
-			Listen:          "127.0.0.1:0",
-			EtcdEndpoints:   []string{*etcdURL},
-			KeyPrefix:       coordPrefix,
-			DefaultTTL:      15 * time.Second,
-			MaxTTL:          time.Hour, // the held-lock scenario holds locks for the whole run
-			ShutdownTimeout: 5 * time.Second,
-			Core:            *core,
-			Logger:          log,
-			OnListen:        func(a net.Addr) { fmt.Printf("READY %s %s\n", a, pprofLis.Addr()) },
+			Listen:           *listen,
+			EtcdEndpoints:    []string{*etcdURL},
+			KeyPrefix:        coordPrefix,
+			DefaultTTL:       15 * time.Second,
+			MaxTTL:           time.Hour, // the held-lock scenario holds locks for the whole run
+			ShutdownTimeout:  5 * time.Second,
+			Core:             *core,
+			Advertise:        *advertise,
+			MemberSecretFile: *secretFile,
+			ShardLeaseTTL:    *shardTTL,
+			Logger:           log,
+			OnListen:         func(a net.Addr) { fmt.Printf("READY %s %s\n", a, pprofLis.Addr()) },
 		})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, role, err)
@@ -91,13 +103,29 @@ func runChild(role string, args []string) int {
 	return 2
 }
 
+// dropCalls drops the gRPC logging interceptor's record of each call
+// ("finished call"); every other record passes.
+type dropCalls struct{ slog.Handler }
+
+func (d dropCalls) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "finished call" {
+		return nil
+	}
+	return d.Handler.Handle(ctx, r)
+}
+
+func (d dropCalls) WithAttrs(as []slog.Attr) slog.Handler { return dropCalls{d.Handler.WithAttrs(as)} }
+
+func (d dropCalls) WithGroup(name string) slog.Handler { return dropCalls{d.Handler.WithGroup(name)} }
+
 // child is a running child process.
 type child struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	addr  string // etcd client URL or gRPC address
-	pprof string // host:port of its /debug/pprof
-	done  chan error
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	addr    string        // etcd client URL or gRPC address
+	pprof   string        // host:port of its /debug/pprof
+	exited  chan struct{} // closed when the process has exited (then waitErr is set)
+	waitErr error
 }
 
 func startChild(role string, args ...string) (*child, error) {
@@ -119,7 +147,7 @@ func startChild(role string, args ...string) (*child, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	c := &child{cmd: cmd, stdin: stdin, done: make(chan error, 1)}
+	c := &child{cmd: cmd, stdin: stdin, exited: make(chan struct{})}
 	ready := make(chan []string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -128,14 +156,15 @@ func startChild(role string, args ...string) (*child, error) {
 				ready <- f[1:]
 			}
 		}
-		c.done <- cmd.Wait()
+		c.waitErr = cmd.Wait()
+		close(c.exited)
 	}()
 	select {
 	case f := <-ready:
 		c.addr, c.pprof = f[0], f[1]
 		return c, nil
-	case err := <-c.done:
-		return nil, fmt.Errorf("%s exited before it was ready: %w", role, err)
+	case <-c.exited:
+		return nil, fmt.Errorf("%s exited before it was ready: %w", role, c.waitErr)
 	case <-time.After(60 * time.Second):
 		_ = cmd.Process.Kill()
 		return nil, fmt.Errorf("%s not ready after 60s", role)
@@ -151,16 +180,25 @@ func stopLogged(role string, c *child) {
 }
 
 // stop closes the child's stdin and waits for it to exit (killing it after
-// 30s).
+// 30s). A child that has already exited (stopped or killed) is left alone:
+// its exit status is returned again.
 func (c *child) stop() error {
 	_ = c.stdin.Close()
 	select {
-	case err := <-c.done:
-		return err
+	case <-c.exited:
+		return c.waitErr
 	case <-time.After(30 * time.Second):
 		_ = c.cmd.Process.Kill()
+		<-c.exited
 		return errors.New("child did not stop within 30s; killed")
 	}
+}
+
+// kill sends the child SIGKILL (kill -9: no drain, no hand-over, its etcd
+// lease abandoned) and waits until it has exited.
+func (c *child) kill() {
+	_ = c.cmd.Process.Signal(syscall.SIGKILL)
+	<-c.exited
 }
 
 func (c *child) pid() int { return c.cmd.Process.Pid }

@@ -23,6 +23,8 @@ type report struct {
 	load    [2]string // load average at the start and the end
 	notes   []string  // peers skipped, and why
 	skipped []string  // scenarios skipped, and why
+
+	failovers []failoverResult // the failover scenario's repetitions
 }
 
 // agg is the aggregate of a cell's repetitions.
@@ -169,6 +171,7 @@ func (rp *report) rows() []row {
 		cmp(scHeld, 1, h, sysMutex, sc, "acquire latency p50", fmt.Sprintf("%s held: acquire p50 vs Mutex", thousands(float64(h))), true, p50)
 	}
 	rp.etcdBoundRows(cmp)
+	rp.replicaRows(cmp)
 	return rows
 }
 
@@ -231,7 +234,9 @@ func (rp *report) targets() []target {
 				measured: fmt.Sprintf("%.2fx (%s ms vs %s ms)", r, ms(z.p50.med), ms(a.p50.med)), met: r <= 1.2, known: true, speedup: 1 / r, need: 1 / 1.2})
 		}
 	}
-	return append(ts, rp.workTargets()...)
+	ts = append(ts, rp.workTargets()...)
+	ts = append(ts, rp.replicaTargets()...)
+	return append(ts, rp.failoverTargets()...)
 }
 
 func cpuModel() string {
@@ -320,6 +325,7 @@ func (rp *report) markdown() string {
 	}
 
 	b.WriteString(rp.counterMarkdown())
+	b.WriteString(rp.failoverMarkdown())
 	b.WriteString(rp.workMarkdown())
 
 	w("### CPU during the measured windows\n\nCores used (median over repetitions): the load generator (every client), the coordinatord process, the etcd process, and every other process on the machine (interference from outside the benchmark). The machine has %d.\n\n", runtime.NumCPU())
@@ -399,6 +405,9 @@ func (rp *report) chart() string {
 	}
 	height := top + len(bars)*(barH+gap) + 50
 	colors := map[string]string{sysCoord: "#b07aa1", sysMutex: "#4e79a7", sysV3lock: "#59a14f", sysGet: "#f28e2b", "self": "#b07aa1", sysRecipeNow: "#bab0ac", sysRecipeNext: "#bab0ac"}
+	for _, k := range rp.cfg.replicas {
+		colors[sysReplicas(k)] = colors["self"] // the replicas scenario: coordinatord against itself
+	}
 
 	var s strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&s, format, args...) }
