@@ -110,10 +110,10 @@ func TestShardCoreOverGRPC(t *testing.T) {
 			_, err := cli.KeepAlive(ctx, &coordinatorv1.KeepAliveRequest{Name: "jobs/a", Token: g.GetToken(), Handle: "x" + g.GetHandle()})
 			return err
 		}, codes.NotFound, "NOT_HELD"},
-		{"a call not on the shard core yet", func() error {
-			_, err := cli.OpenSession(ctx, &coordinatorv1.OpenSessionRequest{Ttl: durationpb.New(5 * time.Second)})
+		{"renewal of a session that does not exist", func() error {
+			_, err := cli.KeepAliveSession(ctx, &coordinatorv1.KeepAliveSessionRequest{Handle: "s00000000000000000000000000000000.AAAAAAAAAAAAAAAAAAAAAA"})
 			return err
-		}, codes.Unimplemented, "NOT_ON_SHARD_CORE"},
+		}, codes.NotFound, "SESSION_NOT_FOUND"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.call()

@@ -303,3 +303,10 @@ func errMalformedMessage(name string, cause any) error {
 		fmt.Sprintf("the request is not a valid protobuf encoding of %s (%v); send a message built by a protobuf library", name, cause),
 		"MALFORMED_MESSAGE", map[string]string{"message": name})
 }
+
+// peerUnreachable is a member that could not be reached, as gRPC's
+// transport reports it (UNAVAILABLE with no ErrorInfo of ours), so that a
+// forwarded call tries again (notServedThere).
+func peerUnreachable(err error) error {
+	return status.Error(codes.Unavailable, err.Error())
+}

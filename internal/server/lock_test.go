@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -338,7 +339,8 @@ func TestWrongHandleOrStaleTokenChangesNothing(t *testing.T) {
 	e := newEnv(t)
 	g := e.acquire("own", 30*time.Second)
 	other := e.acquire("own-other", 30*time.Second)
-	forged := g.Handle[:17] + other.Handle[17:] // right lease, wrong secret
+	dot, otherDot := strings.LastIndexByte(g.Handle, '.'), strings.LastIndexByte(other.Handle, '.')
+	forged := g.Handle[:dot] + other.Handle[otherDot:] // right grant (or lease), wrong secret
 	cases := []struct {
 		name   string
 		token  int64

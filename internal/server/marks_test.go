@@ -230,10 +230,15 @@ func TestMarkCapIsExactAcrossReplicas(t *testing.T) {
 	}
 }
 
-// markKeys counts the mark keys in etcd.
+// markKeys counts the mark keys in etcd (the shard core's: marks and
+// semaphores' bindings).
 func (e *env) markKeys() int64 {
 	e.t.Helper()
-	r, err := e.cli.Get(context.Background(), "/test/fence/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	prefix := "/test/fence/"
+	if e.sharded() {
+		prefix = "/test/shards/marks/"
+	}
+	r, err := e.cli.Get(context.Background(), prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		e.t.Fatal(err)
 	}

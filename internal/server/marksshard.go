@@ -5,8 +5,6 @@ import (
 	"errors"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/lease"
@@ -74,7 +72,7 @@ func forwardMarks[Req, Resp any](ctx context.Context, f *Forwarder, req Req,
 		c, err := f.fenceClient(addr)
 		if err != nil {
 			var none Resp
-			return none, status.Error(codes.Unavailable, err.Error()) // as the transport's: tried again
+			return none, peerUnreachable(err) // as the transport's: tried again
 		}
 		return there(c, ctx, req, opts...)
 	}

@@ -362,43 +362,13 @@ func TestShardMarkCapPerIdentity(t *testing.T) {
 	}
 }
 
-// The FenceService's mark calls read the queue core's marks: on the shard
-// core they answer UNIMPLEMENTED (NOT_ON_SHARD_CORE) rather than show or
-// change the wrong marks. GetEpoch is served.
-func TestShardMarkAdminCallsAreNotOnTheShardCore(t *testing.T) {
+// GetEpoch is served on the shard core, as the marks' admin calls are
+// (marksadmin_shard_test.go).
+func TestShardServesGetEpoch(t *testing.T) {
 	e := newShardMarkEnv(t, nil)
-	g := e.acquire("l", time.Minute)
-	e.expectReason("l", g.Token, "r", current)
-	fc, ctx := e.fc(), ctxT(t, 10*time.Second)
-	for method, call := range map[string]func() error{
-		"GetMark": func() error {
-			_, err := fc.GetMark(ctx, &coordinatorv1.GetMarkRequest{Resource: "r"})
-			return err
-		},
-		"ListMarks": func() error {
-			_, err := fc.ListMarks(ctx, &coordinatorv1.ListMarksRequest{})
-			return err
-		},
-		"DeleteMark": func() error {
-			_, err := fc.DeleteMark(ctx, &coordinatorv1.DeleteMarkRequest{Resource: "r"})
-			return err
-		},
-		"RebindMark": func() error {
-			_, err := fc.RebindMark(ctx, &coordinatorv1.RebindMarkRequest{Resource: "r", Lock: "x"})
-			return err
-		},
-	} {
-		err := call()
-		expectRefusal(t, method, err, codes.Unimplemented, "NOT_ON_SHARD_CORE")
-		if m := errorInfo(err).GetMetadata()["method"]; m != method {
-			t.Fatalf("%s: metadata method %q", method, m)
-		}
-	}
-	if _, err := fc.GetEpoch(ctx, &coordinatorv1.GetEpochRequest{}); err != nil {
-		t.Fatalf("GetEpoch: %v", err)
-	}
-	if m, _ := e.shardMark("r"); m != g.Token {
-		t.Fatalf("mark %d after the refused admin calls, want %d", m, g.Token)
+	r, err := e.fc().GetEpoch(ctxT(t, 10*time.Second), &coordinatorv1.GetEpochRequest{})
+	if err != nil || r.GetEpoch() != 0 {
+		t.Fatalf("GetEpoch = %v, %v; want epoch 0", r, err)
 	}
 }
 
