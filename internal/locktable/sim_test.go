@@ -43,7 +43,13 @@ import (
 //     only so;
 //   - end markers (ended.go): the unit that deletes a grant puts its lock's
 //     marker listing it as the table reports its end (released, forced),
-//     or lists it nowhere (expired), and lists no grant it does not delete.
+//     or lists it nowhere (expired), and lists no grant it does not delete;
+//   - sessions: a grant acquired through a session answers the session's
+//     handle, a session holds a lock at most once (in etcd and in the
+//     table), another identity's use of a session's handle is refused
+//     Forbidden and changes nothing, and a session's keep-alive and close
+//     (SessionGrants, then KeepAlive or Release of each) reach exactly its
+//     grants.
 //
 // SIM_SEEDS sets how many seeds run (default 300, 40 with -short); SIM_SEED
 // runs one.
@@ -70,15 +76,16 @@ func TestSimulation(t *testing.T) {
 		kinds.add(s.kinds)
 	}
 	t.Logf("ends reported: %+v", kinds)
-	if seeds >= 10 && (kinds.released == 0 || kinds.expired == 0 || kinds.forced == 0 || kinds.dropped == 0) {
+	if seeds >= 10 && (kinds.released == 0 || kinds.expired == 0 || kinds.forced == 0 || kinds.dropped == 0 || kinds.forbidden == 0) {
 		t.Fatalf("the runs reported no end of some kind: %+v", kinds)
 	}
 }
 
 // endKinds counts the Ended reports of a run, by kind.
-type endKinds struct{ released, expired, forced, dropped int }
+type endKinds struct{ released, expired, forced, dropped, forbidden int }
 
 func (k *endKinds) add(o endKinds) {
+	k.forbidden += o.forbidden
 	k.released += o.released
 	k.expired += o.expired
 	k.forced += o.forced
@@ -95,7 +102,16 @@ type simGrant struct {
 	name, handle, caller string
 	token                int64
 	requestID            string
+	session              string
 }
+
+// simSession is a session as its opener knows it.
+type simSession struct {
+	id, caller string
+	secret     [16]byte
+}
+
+func (ss simSession) handle() string { return SessionHandle(ss.id, ss.secret) }
 
 type sim struct {
 	t           *testing.T
@@ -125,6 +141,7 @@ type sim struct {
 	deleted  map[grantID]string
 	marked   map[grantID]EndCause // by the end marker of the unit that deleted it
 	kinds    endKinds
+	sessions []simSession
 }
 
 type etcdKV struct {
@@ -139,6 +156,9 @@ type simCall struct {
 	name, handle, caller string
 	token                int64
 	genuine              bool // the handle, token and caller are a holder's own
+	// otherCaller: only the caller is wrong, on a session's grant (the
+	// one case the table answers Forbidden).
+	otherCaller bool
 }
 
 type shape struct {
@@ -165,6 +185,13 @@ func newSim(t *testing.T, seed uint64) *sim {
 		default:
 			s.shape[n] = shape{limit: 3}
 		}
+	}
+	for i, c := range []string{"alice", "bob"} {
+		ss := simSession{id: fmt.Sprintf("s%d", i), caller: c}
+		for j := range ss.secret {
+			ss.secret[j] = byte(s.rng.IntN(256))
+		}
+		s.sessions = append(s.sessions, ss)
 	}
 	s.term = 1
 	s.tab = s.newTable(nil)
@@ -211,8 +238,10 @@ func (s *sim) randomStep() {
 	case r < 95:
 		s.now = s.now.Add(time.Duration(s.rng.IntN(400)) * time.Millisecond)
 		s.tab.Tick(s.now)
-	case r < 97:
+	case r < 96:
 		s.retryOther()
+	case r < 97:
+		s.sessionCall()
 	case r < 99:
 		s.unknownOutcome()
 	default:
@@ -250,8 +279,41 @@ func (s *sim) acquire() {
 	for i := range a.Secret {
 		a.Secret[i] = byte(s.rng.IntN(256))
 	}
+	if s.rng.IntN(4) == 0 { // through a session: its caller, its secret
+		ss := s.sessions[s.rng.IntN(len(s.sessions))]
+		a.Session, a.Caller, a.Secret = ss.id, ss.caller, ss.secret
+	}
 	a.Call = s.newCall(simCall{kind: "acquire", acq: a})
 	s.tab.Acquire(s.now, a)
+}
+
+// sessionCall is a session's keep-alive or close, as the owner runs them
+// on a table: SessionGrants, then a KeepAlive or a Release of each with
+// the session's handle; now and then by another identity, which reaches
+// nothing.
+func (s *sim) sessionCall() {
+	ss := s.sessions[s.rng.IntN(len(s.sessions))]
+	caller := ss.caller
+	if s.rng.IntN(4) == 0 {
+		caller = "mallory"
+	}
+	hs := s.tab.SessionGrants(s.now, ss.handle(), caller)
+	if caller != ss.caller && len(hs) > 0 {
+		s.fatalf("another identity sees session %s's grants: %+v", ss.id, hs)
+	}
+	closing := s.rng.IntN(3) == 0
+	for _, h := range hs {
+		c := simCall{kind: "renew", name: h.Name, handle: ss.handle(), caller: caller, token: h.Token, genuine: true}
+		if closing {
+			c.kind = "release"
+		}
+		call := s.newCall(c)
+		if closing {
+			s.tab.Release(s.now, call, c.name, c.token, c.handle, c.caller)
+		} else {
+			s.tab.KeepAlive(s.now, call, c.name, c.token, c.handle, c.caller)
+		}
+	}
 }
 
 // retryOther sends a request id another identity used, with its exact
@@ -285,6 +347,7 @@ func (s *sim) release(genuine bool) {
 	c := simCall{kind: "release", name: h.name, handle: h.handle, caller: h.caller, token: h.token, genuine: genuine}
 	if !genuine {
 		s.spoil(&c)
+		c.otherCaller = h.session != "" && c.caller != h.caller
 	}
 	call := s.newCall(c)
 	s.tab.Release(s.now, call, c.name, c.token, c.handle, c.caller)
@@ -298,6 +361,7 @@ func (s *sim) keepAlive() {
 	c := simCall{kind: "renew", name: h.name, handle: h.handle, caller: h.caller, token: h.token, genuine: s.rng.IntN(5) > 0}
 	if !c.genuine {
 		s.spoil(&c)
+		c.otherCaller = h.session != "" && c.caller != h.caller
 	}
 	call := s.newCall(c)
 	s.tab.KeepAlive(s.now, call, c.name, c.token, c.handle, c.caller)
@@ -580,6 +644,10 @@ func (s *sim) judgeReply(c simCall, r Reply) {
 	case "acquire":
 		s.judgeAcquire(c.acq, r)
 	case "release":
+		if r.Outcome == Forbidden && c.otherCaller {
+			s.kinds.forbidden++
+			return // a session's grant, by another identity
+		}
 		if r.Outcome != Released && r.Outcome != Unavailable {
 			s.fatalf("release answered %v", r.Outcome)
 		}
@@ -587,18 +655,24 @@ func (s *sim) judgeReply(c simCall, r Reply) {
 			s.fatalf("a release with a wrong credential ended a grant: %+v", c)
 		}
 		if r.Released {
-			s.forgetHeld(c.handle)
+			s.forgetHeld(c.name, c.token)
 		}
 	case "force":
 		if r.Outcome != Released && r.Outcome != Unavailable {
 			s.fatalf("force release answered %v", r.Outcome)
 		}
 		if r.Released {
-			s.forgetHeld(c.handle)
+			s.forgetHeld(c.name, c.token)
 		}
 	case "renew":
 		if r.Outcome == Renewed && !c.genuine {
 			s.fatalf("a renewal with a wrong credential renewed a grant: %+v", c)
+		}
+		if r.Outcome == Forbidden {
+			if !c.otherCaller {
+				s.fatalf("a renewal answered Forbidden, not by another identity on a session's grant: %+v", c)
+			}
+			s.kinds.forbidden++
 		}
 	}
 }
@@ -610,6 +684,9 @@ func (s *sim) judgeAcquire(a Acquire, r Reply) {
 	g := r.Grant
 	if g.Name != a.Name || g.Token <= 0 || g.Handle == "" {
 		s.fatalf("grant %+v for %+v", g, a)
+	}
+	if a.Session != "" && g.Handle != SessionHandle(a.Session, a.Secret) {
+		s.fatalf("a grant through session %s answered handle %q, not the session's", a.Session, g.Handle)
 	}
 	for _, h := range s.held {
 		if h.handle == g.Handle && h.caller != a.Caller {
@@ -623,11 +700,13 @@ func (s *sim) judgeAcquire(a Acquire, r Reply) {
 		s.fatalf("grant of %s answered token %d after %d", a.Name, g.Token, s.last[a.Name])
 	}
 	s.last[a.Name] = g.Token
-	s.held = append(s.held, simGrant{name: a.Name, handle: g.Handle, caller: a.Caller, token: g.Token, requestID: a.RequestID})
+	s.held = append(s.held, simGrant{name: a.Name, handle: g.Handle, caller: a.Caller, token: g.Token, requestID: a.RequestID, session: a.Session})
 }
 
-func (s *sim) forgetHeld(handle string) {
-	s.held = slices.DeleteFunc(s.held, func(h simGrant) bool { return h.handle == handle })
+// forgetHeld forgets the released grant of name and token (a session's
+// grants share one handle).
+func (s *sim) forgetHeld(name string, token int64) {
+	s.held = slices.DeleteFunc(s.held, func(h simGrant) bool { return h.name == name && h.token == token })
 }
 
 // check compares the table's visible holders with etcd's keys and checks
@@ -648,6 +727,13 @@ func (s *sim) check() {
 	}
 	for name, rs := range byName {
 		s.exclusive(name, rs)
+		sessions := map[string]bool{}
+		for _, r := range rs {
+			if r.Session != "" && sessions[r.Session] {
+				s.fatalf("%s: session %s holds it twice", name, r.Session)
+			}
+			sessions[r.Session] = true
+		}
 	}
 	for _, name := range s.names {
 		hs, _ := s.tab.Describe(name)
