@@ -35,8 +35,7 @@ func newShardEnv(t *testing.T, cfgs []chaos.ShardConfig) *chaos.Env {
 }
 
 // holdOnOwner sends a Hold stream to the replica that owns its name's
-// shard now (the client's own replica if none is known: it answers
-// SHARD_NOT_SERVED, an ambiguous Acquire like every UNAVAILABLE).
+// shard now (the client's own replica if none is known, which relays it).
 func holdOnOwner(e *chaos.Env) func(string) int {
 	return func(name string) int {
 		for i, r := range e.Replicas {

@@ -47,14 +47,10 @@ type Workload struct {
 	// mutex's holders do.
 	Kinds map[string]NameKind
 
-	// NoWatch leaves the watchers out (the shard-owner core serves no
-	// Watch yet).
+	// NoWatch leaves the watchers out.
 	NoWatch bool
 	// HoldOn, if set, picks the replica a Hold stream on name goes to (an
-	// index into Replicas; negative: the client's own): on the shard-owner
-	// core only the owner of the name's shard serves a Hold, the others
-	// answer UNAVAILABLE SHARD_NOT_SERVED (recorded as an ambiguous
-	// Acquire, as every UNAVAILABLE is).
+	// index into Replicas; negative: the client's own).
 	HoldOn func(name string) int
 
 	Rec *Recorder
