@@ -13,6 +13,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -24,6 +25,7 @@ import (
 	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/locktable"
+	"github.com/coordinatord/coordinatord/internal/shard"
 )
 
 // mdSessionGrants marks a session call fanned out by the session's owner:
@@ -68,7 +70,7 @@ func (s *LockService) keepAliveSessionOnShards(ctx context.Context, req *coordin
 		hs := s.shards.RenewSessionGrants(req.GetHandle(), callerOf(ctx), scopeOf(ctx))
 		return &coordinatorv1.KeepAliveSessionResponse{Holders: holdersOnShards(hs, e)}, nil
 	}
-	return forward(ctx, s.fwd, req, func(ctx context.Context, req *coordinatorv1.KeepAliveSessionRequest) (*coordinatorv1.KeepAliveSessionResponse, error) {
+	resp, err := forward(ctx, s.fwd, req, func(ctx context.Context, req *coordinatorv1.KeepAliveSessionRequest) (*coordinatorv1.KeepAliveSessionResponse, error) {
 		rn, err := s.shards.KeepAliveSession(req.GetHandle(), callerOf(ctx))
 		if err != nil {
 			return nil, err
@@ -84,6 +86,35 @@ func (s *LockService) keepAliveSessionOnShards(ctx context.Context, req *coordin
 		return &coordinatorv1.KeepAliveSessionResponse{Ttl: durationpb.New(rn.TTL), ExpiresAt: timestamp(rn.ExpiresAt),
 			SafeUntil: timestamp(rn.ExpiresAt.Add(-lease.SafetyMargin(rn.TTL))), Holders: append(holdersOnShards(local, e), hs...)}, nil
 	}, coordinatorv1.LockServiceClient.KeepAliveSession)
+	if homeUnserved(err) {
+		// The session's home shard is between owners (its owner crashed:
+		// the next one honours the session for a full TTL from its
+		// takeover). The client is alive and holds the handle: its locks
+		// on the other members are renewed all the same, or they would
+		// expire for a crash elsewhere; the call still fails, to be
+		// retried until the home answers.
+		s.shards.RenewSessionGrants(req.GetHandle(), callerOf(ctx), scopeOf(ctx))
+		_, _ = s.fanOutSession(ctx, "renew", func(peer coordinatorv1.LockServiceClient, ctx context.Context) ([]*coordinatorv1.Holder, error) {
+			r, err := peer.KeepAliveSession(ctx, req)
+			return r.GetHolders(), err
+		})
+	}
+	return resp, err
+}
+
+// homeUnserved says whether a session call failed because its home shard
+// is served by nobody reachable now (SHARD_NOT_SERVED, here or from the
+// peer it was forwarded to).
+func homeUnserved(err error) bool {
+	var ns *shard.NotServingError
+	var fe *forwardedError
+	switch {
+	case errors.As(err, &ns):
+		return true
+	case errors.As(err, &fe):
+		return notServedThere(fe.st)
+	}
+	return false
 }
 
 // closeSessionOnShards is CloseSession on the shard core.
