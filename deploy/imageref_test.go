@@ -126,7 +126,7 @@ func TestImageIsSetByKustomize(t *testing.T) {
 		}
 		return out
 	}
-	for _, dir := range []string{"/kustomize/shared", "/kustomize/sidecar"} {
+	for _, dir := range []string{"/kustomize/shared", "/kustomize/sidecar", "/kustomize/sidecar-relay"} {
 		t.Run(strings.TrimPrefix(dir, "/kustomize/"), func(t *testing.T) {
 			fs := inMemory(t)
 			if !fs.Exists(dir + "/kustomization.yaml") {

@@ -248,6 +248,19 @@ func netpolFor(t *testing.T, o objects, podLabels map[string]string) {
 
 func TestSharedService(t *testing.T) {
 	o := build(t, "kustomize/shared")
+	c := checkShared(t, o)
+	// The queue core stays the default: no shard core flag here.
+	for _, f := range flagsOf(c.Args) {
+		if slices.Contains([]string{"core", "role", "advertise", "member-secret-file", "shard-lease-ttl"}, f) {
+			t.Errorf("kustomize/shared passes -%s: the shard core's flags belong to ../components/shard-core", f)
+		}
+	}
+}
+
+// checkShared checks the shared service (and its etcd) that o holds and
+// returns its coordinatord container.
+func checkShared(t *testing.T, o objects) corev1.Container {
+	t.Helper()
 	checkEtcd(t, o)
 	netpolFor(t, o, o.statefulSets[0].Spec.Template.Labels)
 	if len(o.deployments) != 1 {
@@ -277,6 +290,7 @@ func TestSharedService(t *testing.T) {
 		}
 	}
 	checkShutdown(t, pod.Spec, c)
+	checkFilesMounted(t, pod.Spec, c)
 	var svc, headless, pdb bool
 	for _, s := range o.services {
 		switch s.Name {
@@ -319,6 +333,7 @@ func TestSharedService(t *testing.T) {
 	if !admitted {
 		t.Error("etcd's NetworkPolicy does not admit the coordinatord pods")
 	}
+	return c
 }
 
 // checkShutdown: a preStop pause lets the endpoint leave the Service

@@ -137,7 +137,7 @@ func validateObject(t *testing.T, obj map[string]any) []error {
 
 // Every resource of every kustomization matches the Kubernetes schema.
 func TestManifestsMatchTheKubernetesSchema(t *testing.T) {
-	for _, dir := range []string{"kustomize/etcd", "kustomize/shared", "kustomize/sidecar", "monitoring"} {
+	for _, dir := range []string{"kustomize/etcd", "kustomize/shared", "kustomize/shared-shard", "kustomize/sidecar", "kustomize/sidecar-relay", "monitoring"} {
 		t.Run(dir, func(t *testing.T) {
 			k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
 			rm, err := k.Run(filesys.MakeFsOnDisk(), dir)

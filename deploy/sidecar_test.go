@@ -59,6 +59,7 @@ func checkSidecar(t *testing.T, o objects, where string, pod corev1.PodTemplateS
 			t.Errorf("ConfigMap %s: %s is no coordinatord variable", cm.Name, k)
 		}
 	}
+	checkFilesMounted(t, pod.Spec, c)
 	for _, v := range pod.Spec.Volumes {
 		if v.Secret == nil || !strings.HasPrefix(v.Name, "coordinatord-") {
 			continue
@@ -98,9 +99,19 @@ func sidecarEnv(t *testing.T, o objects) map[string]string {
 // The Component works on any labelled workload of a user's kustomization,
 // whatever its kind and name, and leaves unlabelled ones alone.
 func TestSidecarComponentOnAnyWorkload(t *testing.T) {
-	// kustomize refuses a component by absolute path: copy it in.
+	componentOnAnyWorkload(t, "sidecar")
+}
+
+// componentOnAnyWorkload builds the Component kustomize/components/<name>
+// on a throwaway kustomization of a labelled StatefulSet, DaemonSet and Job
+// and an unlabelled Deployment, checks the sidecar on the labelled ones and
+// none on the other, and returns what it built.
+func componentOnAnyWorkload(t *testing.T, name string) objects {
+	t.Helper()
+	// kustomize refuses a component by absolute path: copy them in (a
+	// Component may include another: all of them).
 	dir := t.TempDir()
-	if err := os.CopyFS(filepath.Join(dir, "sidecar"), os.DirFS("kustomize/components/sidecar")); err != nil {
+	if err := os.CopyFS(filepath.Join(dir, "components"), os.DirFS("kustomize/components")); err != nil {
 		t.Fatal(err)
 	}
 	pod := func(labelled bool) string {
@@ -120,7 +131,7 @@ spec:
 	}
 	files := map[string]string{
 		"kustomization.yaml": "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n" +
-			"resources: [workloads.yaml]\ncomponents: [sidecar]\n",
+			"resources: [workloads.yaml]\ncomponents: [components/" + name + "]\n",
 		"workloads.yaml": "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: db" + pod(true) +
 			"---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata:\n  name: agent" + pod(true) +
 			"---\napiVersion: batch/v1\nkind: Job\nmetadata:\n  name: nightly" +
@@ -149,4 +160,5 @@ spec:
 	if len(plain.InitContainers) != 0 || len(plain.Volumes) != 0 {
 		t.Errorf("the unlabelled Deployment got the sidecar: %v", plain.InitContainers)
 	}
+	return o
 }
