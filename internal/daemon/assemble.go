@@ -118,6 +118,9 @@ func (d *Daemon) grpcOptions() ([]server.Option, error) {
 			if err != nil {
 				return nil, err
 			}
+			if cfg.PeerServerName != "" { // one name on every member's certificate, not each pod's IP
+				peerTLS.ServerName = cfg.PeerServerName
+			}
 			opts = append(opts, server.WithPeerDialOptions(grpc.WithTransportCredentials(credentials.NewTLS(peerTLS))))
 		}
 	} else if !loopback(cfg.Listen) {

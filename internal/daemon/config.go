@@ -114,6 +114,11 @@ type Config struct {
 	// address as bound (set it to the pod IP in Kubernetes: a wildcard or
 	// loopback listener is not reachable by the peers).
 	Advertise string
+	// PeerServerName, with TLS on the shard core, is the name a peer's
+	// certificate is checked against when this replica forwards to it
+	// (empty: the host of its advertised address, usually a pod IP, which
+	// the certificate must then carry as an IP SAN).
+	PeerServerName string
 	// MemberSecretFile holds the secret the replicas of the shard core
 	// share (whitespace around it ignored; printable ASCII, at least 16
 	// bytes): a replica forwards its caller's identity with it, and accepts
@@ -204,6 +209,8 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("-role relay needs -core shard: a relay forwards calls to the owners of the shard core's shards; the queue core has none")
 	case cfg.Advertise != "" && cfg.Core != CoreShard:
 		return errors.New("-advertise needs -core shard: only the shard core forwards calls between replicas")
+	case cfg.PeerServerName != "" && (cfg.Core != CoreShard || cfg.TLSCert == ""):
+		return errors.New("-peer-server-name needs -core shard and -tls-cert: it names the peers' certificates when members forward over TLS")
 	case cfg.Advertise != "" && validHostPort(cfg.Advertise) != nil:
 		return fmt.Errorf("-advertise %q: %w", cfg.Advertise, validHostPort(cfg.Advertise))
 	case cfg.MemberSecretFile != "" && cfg.Core != CoreShard:

@@ -54,6 +54,14 @@ func TestConfigValidateForwarding(t *testing.T) {
 		{"an advertised address without a port", func(c *daemon.Config) { shardCore(c); c.Advertise = "10.0.3.7" }, "-advertise"},
 		{"an advertised address without a host", func(c *daemon.Config) { shardCore(c); c.Advertise = ":7070" }, "-advertise"},
 		{"an advertised address on the queue core", func(c *daemon.Config) { c.Advertise = "10.0.3.7:7070" }, "-advertise"},
+		{"a peer server name with TLS", func(c *daemon.Config) {
+			shardCore(c)
+			c.TLSCert, c.TLSKey, c.PeerServerName = "server.crt", "server.key", "coordinatord-peer"
+		}, ""},
+		{"a peer server name without TLS", func(c *daemon.Config) { shardCore(c); c.PeerServerName = "coordinatord-peer" }, "-peer-server-name"},
+		{"a peer server name on the queue core", func(c *daemon.Config) {
+			c.TLSCert, c.TLSKey, c.PeerServerName = "server.crt", "server.key", "coordinatord-peer"
+		}, "-peer-server-name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := valid()
