@@ -141,8 +141,9 @@ func New(etcd clientv3.Config, opts ...Option) (*Coordinator, error) {
 		// One configuration for both cores: the limits given to the lease
 		// manager and the validator apply to the shard core too (explicit
 		// shard options come after, and win).
-		waiters, _ := mgr.Limits()
-		shardOpts := append([]shard.OwnerOption{shard.WithMaxWaitersPerLock(int(waiters)), shard.WithMarkLimit(c.val.MarkLimit())}, o.shards...)
+		waiters, perIdentity := mgr.Limits()
+		shardOpts := append([]shard.OwnerOption{shard.WithMaxWaitersPerLock(int(waiters)), shard.WithMaxLocksPerIdentity(perIdentity),
+			shard.WithMarkLimit(c.val.MarkLimit())}, o.shards...)
 		c.own, err = shard.NewOwner(sctx, cli, mgr.Keyspace().Prefix(), shardOpts...)
 		scancel()
 		if err != nil {
@@ -155,6 +156,9 @@ func New(etcd clientv3.Config, opts ...Option) (*Coordinator, error) {
 	}
 	c.svc = server.NewLockService(mgr, c.val, c.cnt, o.log, svcOpts...)
 	c.gs, c.hs = server.NewGRPCServer(c.svc, o.log, o.server...)
+	if c.own != nil { // the lock counts homed on other members, through the server's forwarding
+		c.own.SetIdentityHomes(c.svc.IdentityHomes())
+	}
 	// The first check before anything is served: a restore found is fenced
 	// off now. If etcd does not answer, the keeper stays paused (every
 	// grant and validation UNAVAILABLE) until its loop's first success.
@@ -238,16 +242,27 @@ func (c *Coordinator) ServeInBackground(lis net.Listener) {
 // Drain stops taking work, gracefully, in this order:
 //
 //  1. every health service answers NOT_SERVING, so that balancers move on;
-//  2. the lease manager closes: every waiting Acquire ends and its queue key
+//  2. the shard core, if it runs, hands its shards over (shard.Owner
+//     HandOver): what is in flight commits and is answered, the owner keys
+//     go, the next owners start at once; its view of the owners keeps
+//     following etcd until Close, so that the calls still arriving in 3
+//     are forwarded to the next owners. Closed before gRPC stopped, it
+//     answered them "shutting down" after the forwarder's retries (0.6 s)
+//     against a view that no longer moved: one UNAVAILABLE and a 0.6–1 s
+//     pause per caller in a rolling restart (coordbench failover);
+//  3. the lease manager closes: every waiting Acquire ends and its queue key
 //     is removed (this needs etcd, which is still open); grants stay; the
 //     counters take no more hits and finish the commits in flight;
-//  3. gRPC stops gracefully: no new calls, in-flight ones finish; when ctx
+//  4. gRPC stops gracefully: no new calls, in-flight ones finish; when ctx
 //     ends first, the calls left are cut (and Drain returns true).
 //
-// The holder view and the etcd client stay until Close.
+// The holder view, the shard core's view and lease, and the etcd client
+// stay until Close.
 func (c *Coordinator) Drain(ctx context.Context) (cut bool) {
 	c.hs.Shutdown()
-	c.closeShards(ctx)
+	if c.own != nil {
+		c.own.HandOver(ctx)
+	}
 	c.mgr.Close()
 	c.cnt.Close()
 	stopped := make(chan struct{})

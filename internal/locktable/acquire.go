@@ -208,7 +208,7 @@ func (t *Table) grant(now time.Time, lk *lock, w *waiter) {
 		rec: Record{Name: a.Name, ID: id, Caller: a.Caller, Owner: a.Owner, RequestID: w.reqKey,
 			TTLms: millis(a.TTL), MaxHoldMs: millis(a.MaxHold), AcquiredMs: now.UnixMilli(),
 			Limit: lk.limit, Slot: max(freeSlot(lk, now), 0), Shared: a.Shared, Secret: secretSum(secret),
-			LockDelayMs: millis(a.LockDelay), Session: a.Session},
+			LockDelayMs: millis(a.LockDelay), Session: a.Session, Reservation: a.Reservation},
 		key: t.cfg.Prefix + t.cfg.Escape(a.Name) + "/" + id, state: pending, acquiredAt: now,
 		lockDelay: a.LockDelay, calls: w.callIDs(), secret: secret, retried: w.retried,
 	}

@@ -29,6 +29,10 @@ type Acquire struct {
 	// none): its handle is the session's handle, and the session's
 	// keep-alives and close reach it by this id (SessionGrants).
 	Session string
+	// Reservation is the id of the slot of its caller's per-identity lock
+	// count the acquisition holds ("" for none): kept in the grant's
+	// record, where any owner of the grant finds it (reservation.go).
+	Reservation string
 }
 
 // Outcome is how a call ended.

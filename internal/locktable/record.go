@@ -32,6 +32,9 @@ type Record struct {
 	// Session is the id of the session the grant is held through: its
 	// handle is "<session id>.<secret>".
 	Session string `json:"ss,omitempty"`
+	// Reservation is the slot of its caller's per-identity lock count
+	// the grant holds (Acquire.Reservation; reservation.go).
+	Reservation string `json:"rv,omitempty"`
 }
 
 func (r Record) encode() string {

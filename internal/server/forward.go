@@ -36,11 +36,17 @@ import (
 //     either answers SHARD_NOT_SERVED.
 //   - The shard may move: when the owner is unreachable (UNAVAILABLE from
 //     the transport) or answers SHARD_NOT_SERVED, and when nobody serves
-//     the shard now (a hand-over, a load), the call is tried again a few
-//     times (forwardRetries, within the deadline) after re-reading the
-//     owner; then the answer is SHARD_NOT_SERVED, safe to retry. Only the
-//     refusals that say the call was not applied are retried there (an
-//     Acquire cut in flight is withdrawn by its owner, see shard.Acquire).
+//     the shard here now (a hand-over, a load, this replica draining), the
+//     call is tried again after re-reading the owner from this replica's
+//     view (a refusal that names no other member goes to the owner the
+//     view shows): at once when the view changes (shard.Ownership
+//     Changed), else after a pause from 5 ms doubling to 80 ms, for up to
+//     forwardPatience within the deadline; then the answer is
+//     SHARD_NOT_SERVED, safe to retry. A caller waits for a graceful
+//     hand-over about as long as it takes (forwardPatience), not for the
+//     next step of a fixed backoff. Only the refusals that say the call was not applied are retried
+//     there (an Acquire cut in flight is withdrawn by its owner, see
+//     shard.Acquire).
 //   - The caller's identity crosses the hop only with the member secret:
 //     the forwarding replica has authenticated and authorized the caller;
 //     it sends "coordinatord-identity: <id>" and
@@ -64,14 +70,31 @@ const (
 	mdListShards   = "coordinatord-list-shards-bin" // binary: a bitmap of the shards answered for
 )
 
-// The retries of a forward: forwardRetries waits, doubling from
-// forwardBackoff (20+40+80+160+320 ms: 0.6 s in all), each only if the
-// caller's deadline leaves room for it. A graceful hand-over leaves a shard
-// unserved for one commit and one read; a crash, for the owner's lease TTL
-// (the caller retries SHARD_NOT_SERVED then, as its RetryInfo says).
+// The retries of a Hold's relay, of a List (Forwarder.wait) and of a call
+// on an identity's lock count (identitylimit.go): forwardRetries waits, doubling from forwardBackoff (20+40+80+160+320 ms:
+// 0.6 s in all), each only if the caller's deadline leaves room for it.
 const (
 	forwardRetries = 5
 	forwardBackoff = 20 * time.Millisecond
+)
+
+// The retries of a unary forward (forwardWait): at once when this
+// replica's view of the owners changes (the old owner's keys deleted, the
+// next owner's won), else after a pause from forwardFirstWait doubling to
+// forwardMaxWait (a load ends without a change of the view), for
+// forwardPatience in all, within the caller's deadline. A graceful
+// hand-over leaves a shard unserved while its units in flight commit, one
+// Txn deletes its key, the next owner's campaign wins it and a read loads
+// it: forwarded calls waited 90–190 ms for it in coordbench's rolling
+// restart on a loaded 2-core machine (each of those steps 4–50 ms). A
+// crash leaves it unserved for the owner's lease TTL (the caller retries
+// SHARD_NOT_SERVED then, as its RetryInfo says). The fixed retries at 20,
+// 60, 140, 300 and 620 ms they replace made a caller wait for the next of
+// them after the shard served again.
+const (
+	forwardPatience  = 600 * time.Millisecond
+	forwardFirstWait = 5 * time.Millisecond
+	forwardMaxWait   = 80 * time.Millisecond
 )
 
 // MinMemberSecret is the shortest member secret (WithMemberSecret) the
@@ -81,7 +104,8 @@ const MinMemberSecret = 16
 // Forwarder is a replica's connections to its peers, one lazily created
 // gRPC client connection per peer address, closed by Close.
 type Forwarder struct {
-	self   string // this replica's advertised address: never forwarded to
+	self   string       // this replica's advertised address: never forwarded to
+	own    *shard.Owner // this replica's view of the owners, re-read on a retry
 	secret []byte
 	dial   []grpc.DialOption
 	log    *slog.Logger
@@ -95,7 +119,7 @@ type Forwarder struct {
 
 func newForwarder(own *shard.Owner, secret []byte, dial []grpc.DialOption, log *slog.Logger) *Forwarder {
 	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(peerReconnect)}, dial...)
-	return &Forwarder{self: own.Advertise(), secret: secret, dial: opts, log: log, conns: map[string]*grpc.ClientConn{}}
+	return &Forwarder{self: own.Advertise(), own: own, secret: secret, dial: opts, log: log, conns: map[string]*grpc.ClientConn{}}
 }
 
 // peerReconnect is how a connection to a peer dials again after it broke.
@@ -198,9 +222,11 @@ func forward[Req, Resp any](ctx context.Context, f *Forwarder, req Req,
 	if !ok {
 		return resp, err
 	}
-	for attempt := 0; ; attempt++ {
-		if ns.Addr != "" && ns.Addr != f.self {
-			peer, perr := f.client(ns.Addr)
+	w := forwardWait{start: time.Now()}
+	for {
+		changed := f.own.Ownership().Changed() // taken before the owner is read: no later change is missed
+		if addr := f.target(ns); addr != "" {
+			peer, perr := f.client(addr)
 			if perr == nil {
 				r, ferr := there(peer, octx, req)
 				if ferr == nil {
@@ -211,9 +237,9 @@ func forward[Req, Resp any](ctx context.Context, f *Forwarder, req Req,
 				}
 				perr = ferr
 			}
-			f.log.DebugContext(ctx, "forward: the owner did not answer for its shard; re-reading the owner", "shard", ns.Shard, "owner", ns.Owner, "addr", ns.Addr, "err", perr)
+			f.log.DebugContext(ctx, "forward: the owner did not answer for its shard; re-reading the owner", "shard", ns.Shard, "addr", addr, "err", perr)
 		}
-		if !f.wait(ctx, attempt) {
+		if !w.wait(ctx, changed) {
 			return resp, err
 		}
 		if resp, err = here(ctx, req); !errors.As(err, &ns) {
@@ -222,8 +248,55 @@ func forward[Req, Resp any](ctx context.Context, f *Forwarder, req Req,
 	}
 }
 
-// wait sleeps before retry attempt+1, and tells whether to make it: not
-// after forwardRetries, nor past the caller's deadline.
+// target is the address to forward a call refused with ns to: the member
+// ns names, else (it names none, or this replica: it is draining, or
+// handing the shard over) the owner this replica's view shows; "" if that
+// is nobody or this replica (wait for the view to move).
+func (f *Forwarder) target(ns *shard.NotServingError) string {
+	addr := ns.Addr
+	if addr == "" || addr == f.self {
+		_, addr, _ = f.own.Ownership().Owner(ns.Shard)
+	}
+	if addr == f.self {
+		return ""
+	}
+	return addr
+}
+
+// forwardWait paces one forward's retries (the constants above).
+type forwardWait struct {
+	start time.Time
+	pause time.Duration // the next pause without a change of the view; 0: forwardFirstWait
+}
+
+// wait sleeps until the view changes (changed is closed) or the next pause
+// has passed, and tells whether to try again: not past forwardPatience,
+// nor past the caller's deadline. A change starts the pauses over.
+func (w *forwardWait) wait(ctx context.Context, changed <-chan struct{}) bool {
+	if time.Since(w.start) >= forwardPatience {
+		return false
+	}
+	d := max(w.pause, forwardFirstWait)
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-changed:
+		w.pause = 0
+		return true
+	case <-t.C:
+		w.pause = min(2*d, forwardMaxWait)
+		return true
+	}
+}
+
+// wait sleeps before retry attempt+1 of a Hold's relay or a List, and
+// tells whether to make it: not after forwardRetries, nor past the
+// caller's deadline.
 func (f *Forwarder) wait(ctx context.Context, attempt int) bool {
 	if attempt >= forwardRetries {
 		return false

@@ -73,6 +73,9 @@ func (s *LockService) describeOnShards(ctx context.Context, req *coordinatorv1.D
 
 // acquireHere is Acquire on a shard this replica serves.
 func (s *LockService) acquireHere(ctx context.Context, req *coordinatorv1.AcquireRequest) (*coordinatorv1.AcquireResponse, error) {
+	if op := identitySlotsCall(ctx); op != "" { // a member's call on a lock count (identitylimit.go)
+		return s.identitySlotsHere(ctx, req, op)
+	}
 	opts, err := acquireOptions(req)
 	if err != nil {
 		return nil, err
@@ -97,7 +100,7 @@ func (s *LockService) acquireHere(ctx context.Context, req *coordinatorv1.Acquir
 			return nil, err
 		}
 	}
-	g, err := s.shards.Acquire(ctx, a)
+	g, err := s.shards.AcquireCounted(ctx, a) // a slot of the caller's lock count first, if limited
 	if err != nil {
 		return nil, err
 	}
@@ -144,6 +147,9 @@ func (s *LockService) releaseHere(ctx context.Context, req *coordinatorv1.Releas
 		return &coordinatorv1.ReleaseResponse{}, err
 	}
 	ok, err := s.shards.Release(ctx, req.GetName(), rev, req.GetHandle(), callerOf(ctx))
+	if ok {
+		s.shards.AwaitIdentityRelease(ctx, req.GetName(), rev) // its slot of the caller's lock count freed
+	}
 	if err == nil {
 		err = s.unchanged(ctx, req.GetToken())
 	}

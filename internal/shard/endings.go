@@ -150,6 +150,7 @@ func (w *GrantWatch) end(r GrantEnd) {
 // watches of its grant and, unless it is a drop, is remembered. A dead
 // table reported every grant it showed; any watch left is ended too.
 func (o *Owner) grantsEnded(s *shardState, ends []locktable.Ended) {
+	o.identityEnded(s, ends) // their slots of the per-identity limit (identityheld.go)
 	for _, e := range ends {
 		k := grantKey{e.Name, e.Token}
 		r := endOf(e)

@@ -10,6 +10,7 @@ import (
 	"hash/fnv"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -54,7 +55,20 @@ func (o *Ownership) plan(now time.Time) ownPlan {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	var p ownPlan
-	if o.closing || o.leaseGone {
+	switch {
+	case o.leaseGone:
+		return p
+	case o.closing:
+		// After HandOver a key on our lease is an orphan (a campaign that
+		// was in flight won it): delete it, so that its shard is not left
+		// unowned until the lease ends.
+		if o.handedOver {
+			for i, v := range o.slots {
+				if _, mine := o.owned[uint32(i)]; !mine && v.create != 0 && v.lease == o.lease.ID() {
+					p.orphans = append(p.orphans, ownTerm{uint32(i), v.create})
+				}
+			}
+		}
 		return p
 	}
 	id := o.opts.id
@@ -132,15 +146,10 @@ func ownMix(x uint64) uint64 {
 	return x ^ x>>31
 }
 
-// handOver gives shards to their assignees: Lost for each, then their keys
-// deleted.
+// handOver gives shards to their assignees: handed off (Lost for each, the
+// Guard holding), then their keys deleted.
 func (o *Ownership) handOver(ctx context.Context, terms []ownTerm) {
-	var dropped []ownTerm
-	for _, t := range terms {
-		if _, ok := o.drop(t.shard, t.rev); ok {
-			dropped = append(dropped, t)
-		}
-	}
+	dropped := o.handOff(terms)
 	if len(dropped) == 0 {
 		return
 	}
@@ -229,6 +238,7 @@ func (o *Ownership) markFree(terms []ownTerm, rev int64) {
 			o.slots[t.shard] = ownSlot{mod: rev, freeSince: now}
 		}
 	}
+	o.changedLocked()
 }
 
 // acquire records that we won shard at rev and calls Acquired, unless we
@@ -240,6 +250,7 @@ func (o *Ownership) acquire(shard uint32, rev int64, adoptedFrom string) {
 	o.mu.Lock()
 	if o.slots[shard].mod < rev {
 		o.slots[shard] = ownSlot{id: o.opts.id, create: rev, mod: rev, lease: o.lease.ID()}
+		o.changedLocked()
 	}
 	if o.closing || o.leaseGone {
 		o.mu.Unlock()
@@ -257,7 +268,8 @@ func (o *Ownership) acquire(shard uint32, rev int64, adoptedFrom string) {
 }
 
 // drop ends our ownership of shard (of its term rev; 0: any) and calls
-// Lost; it reports the term it ended.
+// Lost: the shard is lost (its key is gone or not ours, or the lease is),
+// so the Guard ends first. It reports the term it ended.
 func (o *Ownership) drop(shard uint32, rev int64) (int64, bool) {
 	o.cbMu.Lock()
 	defer o.cbMu.Unlock()
@@ -283,21 +295,64 @@ func (o *Ownership) dropTerms(terms []ownTerm) {
 	}
 }
 
-// dropAll ends every ownership and returns the terms it ended.
+// dropAll ends every ownership (lost) and returns the terms it ended.
 func (o *Ownership) dropAll() []ownTerm {
-	o.mu.Lock()
-	var terms []ownTerm
-	for s, rev := range o.owned {
-		terms = append(terms, ownTerm{s, rev})
-	}
-	o.mu.Unlock()
 	var ended []ownTerm
-	for _, t := range terms {
+	for _, t := range o.ownedTerms() {
 		if _, ok := o.drop(t.shard, t.rev); ok {
 			ended = append(ended, t)
 		}
 	}
 	return ended
+}
+
+// ownedTerms are the terms this member owns now.
+func (o *Ownership) ownedTerms() []ownTerm {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	terms := make([]ownTerm, 0, len(o.owned))
+	for s, rev := range o.owned {
+		terms = append(terms, ownTerm{s, rev})
+	}
+	return terms
+}
+
+// handOff ends our ownership of terms (rev 0: any term) gracefully and
+// reports the terms it ended: Lost for each, all at once and while the
+// Guard still holds, so that the runtime can let the units it has in
+// flight commit and answer them (see the guarantees); then the Guard
+// ends. The caller deletes the keys.
+func (o *Ownership) handOff(terms []ownTerm) []ownTerm {
+	o.cbMu.Lock()
+	defer o.cbMu.Unlock()
+	o.mu.Lock()
+	var ending []ownTerm
+	seen := map[uint32]bool{}
+	for _, t := range terms {
+		if have, ok := o.owned[t.shard]; ok && (t.rev == 0 || have == t.rev) && !seen[t.shard] {
+			seen[t.shard] = true
+			ending = append(ending, ownTerm{t.shard, have})
+		}
+	}
+	o.mu.Unlock()
+	if len(ending) == 0 {
+		return nil
+	}
+	o.log.Debug("shard ownership: handing off", "shards", len(ending))
+	if o.cb.Lost != nil {
+		var wg sync.WaitGroup
+		for _, t := range ending {
+			wg.Go(func() { o.cb.Lost(t.shard) })
+		}
+		wg.Wait()
+	}
+	o.mu.Lock()
+	for _, t := range ending {
+		delete(o.owned, t.shard)
+		delete(o.adopted, t.shard)
+	}
+	o.mu.Unlock()
+	return ending
 }
 
 // leaseLost is the lease's Lost channel until the loss is handled; nil for

@@ -11,12 +11,21 @@ package shard
 //     lease ends the ownership when the member stops renewing (S2, lease.go).
 //   - Guard is ok only between Acquired and Lost, and only while the lease
 //     is Valid: the committer fences every write with it.
-//   - On a graceful hand-over (Release, rebalancing, Close) Lost is called,
-//     and returns, BEFORE the owner key is deleted: the next owner needs
-//     the key gone to win it, so its Acquired always follows this Lost.
-//   - Callbacks of one Ownership are serialized: for each shard, Acquired
-//     and Lost alternate, starting with Acquired. They must not call
-//     Release or Close (those wait for the callback in progress).
+//   - On a graceful hand-over (Release, rebalancing, HandOver, Close) Lost
+//     is called, and returns, BEFORE the owner key is deleted: the next
+//     owner needs the key gone to win it, so its Acquired always follows
+//     this Lost. The Guard still holds while such a Lost runs, so the
+//     runtime can let what it has in flight commit and answer it first (a
+//     release dropped in flight was answered UNAVAILABLE though it
+//     committed, and its retry then released nothing); it ends when Lost
+//     returns. When the shard is lost instead (its key deleted or replaced,
+//     the lease lost) the Guard ends before Lost is called.
+//   - Callbacks of one Ownership are serialized, except that a graceful
+//     hand-over calls Lost for all its shards at once (each may wait for a
+//     commit; one after another, a member handing 85 shards over waited
+//     for 85 of them): for each shard, Acquired and Lost alternate,
+//     starting with Acquired. They must not call Release, HandOver or Close
+//     (those wait for the callback in progress).
 //   - Assignment is rendezvous (highest random weight) hashing of (shard,
 //     member id) over the live members (their member keys present), so a
 //     member joining or leaving moves only the shards it gains or loses.
@@ -31,6 +40,8 @@ package shard
 // One goroutine (run) owns the view: an initial Get of <prefix>shards/ and
 // a watch from its revision + 1, re-read after a watch error or a
 // compaction; after each change and on a tick it reconciles (reconcile).
+// It keeps following the view after HandOver (Owner names the next owners,
+// for the forwarding of calls still arriving) until Close.
 
 import (
 	"context"
@@ -127,18 +138,21 @@ type Ownership struct {
 
 	cbMu sync.Mutex // held across each transition and its callback; before mu
 
-	mu        sync.Mutex
-	members   map[string]Member
-	slots     []ownSlot // the view of each shard's owner key
-	assign    []string  // each shard's assignee; nil when members changed
-	owned     map[uint32]int64
-	adopted   map[uint32]string // owned shards taken from an assignee that did not take them
-	closing   bool
-	leaseGone bool
+	mu         sync.Mutex
+	members    map[string]Member
+	slots      []ownSlot // the view of each shard's owner key
+	assign     []string  // each shard's assignee; nil when members changed
+	owned      map[uint32]int64
+	adopted    map[uint32]string // owned shards taken from an assignee that did not take them
+	changed    chan struct{}     // closed at the view's next change (Changed)
+	closing    bool              // HandOver began: no campaign, no hand-over but its own
+	handedOver bool              // HandOver ended: keys on our lease are orphans
+	leaseGone  bool
 
-	cancel    context.CancelFunc
-	done      chan struct{}
-	closeOnce sync.Once
+	cancel       context.CancelFunc
+	done         chan struct{}
+	handOverOnce sync.Once
+	closeOnce    sync.Once
 }
 
 // ownSlot is the view of one owner key; create == 0: no key (free since
@@ -204,7 +218,7 @@ func newOwnership(cli *clientv3.Client, prefix string, lease *Lease, cb Callback
 	}
 	return &Ownership{cli: cli, keys: ownKeysFor(prefix), lease: lease, cb: cb, opts: o,
 		log: o.log.With("member", o.id), members: map[string]Member{}, slots: make([]ownSlot, o.count),
-		owned: map[uint32]int64{}, adopted: map[uint32]string{}, done: make(chan struct{})}, nil
+		owned: map[uint32]int64{}, adopted: map[uint32]string{}, changed: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
 func ownRandomID() string {
@@ -298,27 +312,51 @@ func (o *Ownership) Members() []Member {
 // this member's loop deletes it or its lease ends; nobody else owns the
 // shard meanwhile.
 func (o *Ownership) Release(ctx context.Context, shard uint32) error {
-	rev, ok := o.drop(shard, 0)
-	if !ok {
+	ended := o.handOff([]ownTerm{{shard, 0}})
+	if len(ended) == 0 {
 		return nil
 	}
-	if err := o.deleteTerms(ctx, []ownTerm{{shard, rev}}); err != nil {
+	if err := o.deleteTerms(ctx, ended); err != nil {
 		return fmt.Errorf("shard %d: delete owner key: %w", shard, err)
 	}
 	return nil
 }
 
-// Close hands over every owned shard and leaves: it stops the goroutine,
-// deregisters the member (so that the others stop assigning it shards),
-// calls Lost for each owned shard and then deletes its owner keys, trying
-// etcd within ctx and at most the lease's TTL (an unreachable etcd expires
-// the keys with the lease). It does not close the lease (the caller does).
+// HandOver hands every owned shard over gracefully and campaigns no more,
+// but keeps following the view until Close (Owner names the next owners,
+// for forwarding the calls that still arrive here): Lost for every owned
+// shard (graceful: all at once, the Guard holding), then one Txn
+// deregisters the member and deletes their owner keys, so that the other
+// members see it gone and the shards free in one watch event and campaign
+// for them at once. It tries etcd within ctx and at most the lease's TTL
+// (an unreachable etcd expires the keys with the lease). Idempotent.
+func (o *Ownership) HandOver(ctx context.Context) {
+	o.handOverOnce.Do(func() {
+		o.mu.Lock()
+		o.closing = true
+		gone := o.leaseGone // the keys went with the lease
+		o.mu.Unlock()
+		if o.lease == nil || gone {
+			return
+		}
+		ctx, cancel := context.WithTimeout(ctx, o.lease.TTL())
+		defer cancel()
+		o.leave(ctx, o.handOff(o.ownedTerms()))
+		o.mu.Lock()
+		o.handedOver = true
+		o.mu.Unlock()
+	})
+}
+
+// Close hands over every owned shard and leaves (HandOver), then stops the
+// goroutine and sweeps: it deregisters the member again (a registration
+// may have raced with the hand-over) and deletes any owner key left on
+// this member's lease (an ambiguous campaign's), within ctx and at most
+// the lease's TTL. It does not close the lease (the caller does).
 // Idempotent.
 func (o *Ownership) Close(ctx context.Context) {
 	o.closeOnce.Do(func() {
-		o.mu.Lock()
-		o.closing = true
-		o.mu.Unlock()
+		o.HandOver(ctx)
 		o.cancel()
 		<-o.done
 		if o.lease == nil {
@@ -331,11 +369,63 @@ func (o *Ownership) Close(ctx context.Context) {
 	})
 }
 
-// handOverAll calls Lost for every owned shard, then deletes every owner
-// key on this member's lease: the owned ones, and any an ambiguous campaign
-// left behind.
+// Changed is closed at the view's next change (an owner key or a member
+// key written, deleted or read again): a caller waiting for a shard's
+// next owner re-reads Owner then, rather than after a fixed pause.
+func (o *Ownership) Changed() <-chan struct{} {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.changed
+}
+
+// changedLocked wakes the callers waiting on Changed (under o.mu).
+func (o *Ownership) changedLocked() {
+	close(o.changed)
+	o.changed = make(chan struct{})
+}
+
+// leave deregisters the member and deletes the owner keys of terms (its
+// last shards, handed off) in one Txn, one compare per key; if a compare
+// fails (the member key gone or not ours, a key no longer ours) or the
+// batch would pass ownMaxTxnOps, one step at a time: the member key, then
+// the owner keys (deleteTerms). Deregistering first, or together, matters:
+// a shard freed while its assignee is still this member is left to the
+// adopters (WithAdoptAfter).
+func (o *Ownership) leave(ctx context.Context, terms []ownTerm) {
+	if len(terms) > 0 && len(terms) < ownMaxTxnOps {
+		if o.leaveTxn(ctx, terms) {
+			return
+		}
+	}
+	o.deregister(ctx)
+	if err := o.deleteTerms(ctx, terms); err != nil {
+		o.log.Warn("shard ownership: hand-over: owner keys stay until the lease ends", "err", err)
+	}
+}
+
+// leaveTxn is leave's one Txn; false if it failed or a compare did.
+func (o *Ownership) leaveTxn(ctx context.Context, terms []ownTerm) bool {
+	key := o.keys.member(o.opts.id)
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(key), "=", o.lease.ID())}
+	dels := []clientv3.Op{clientv3.OpDelete(key)}
+	for _, t := range terms {
+		owner := o.keys.owner(t.shard)
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(owner), "=", t.rev))
+		dels = append(dels, clientv3.OpDelete(owner))
+	}
+	resp, err := o.cli.Txn(ctx).If(cmps...).Then(dels...).Commit()
+	if err != nil || !resp.Succeeded {
+		return false
+	}
+	o.markFree(terms, resp.Header.Revision)
+	return true
+}
+
+// handOverAll hands off every owned shard, then deletes every owner key on
+// this member's lease: the owned ones, and any an ambiguous campaign left
+// behind.
 func (o *Ownership) handOverAll(ctx context.Context) {
-	terms := o.dropAll()
+	terms := o.handOff(o.ownedTerms())
 	if resp, err := o.cli.Get(ctx, o.keys.owners, clientv3.WithPrefix()); err == nil {
 		terms = nil
 		for _, kv := range resp.Kvs {

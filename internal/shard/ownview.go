@@ -95,6 +95,7 @@ func (o *Ownership) load(ctx context.Context) (int64, error) {
 		}
 	}
 	lost := o.lostLocked()
+	o.changedLocked()
 	o.mu.Unlock()
 	o.dropTerms(lost)
 	return resp.Header.Revision, nil
@@ -109,6 +110,9 @@ func (o *Ownership) apply(evs []*clientv3.Event) {
 		o.applyLocked(ev, now)
 	}
 	lost := o.lostLocked()
+	if len(evs) > 0 {
+		o.changedLocked()
+	}
 	o.mu.Unlock()
 	o.dropTerms(lost)
 }

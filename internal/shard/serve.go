@@ -28,13 +28,62 @@ func (o *Owner) acquired(shard uint32, rev int64) {
 }
 
 // lost is the ownership callback of a shard no longer owned: answer
-// nothing more for it.
+// nothing more for it. In a graceful hand-over (rebalancing, Release) the
+// owner key is still ours and the Guard holds while lost runs: the shard
+// takes nothing new from now on (term 0: SHARD_NOT_SERVED, which the
+// forwarders retry at the next owner) and its units in flight commit and
+// are answered before the table is dropped. Dropped in flight, a release
+// that committed was answered UNAVAILABLE and its retry at the next owner
+// released nothing (coordbench's rolling restart of 3 members: 8–22 such
+// releases). The wait ends when nothing is in flight, or the Guard ends (the
+// lease's deadline: nothing in flight can commit then), or the Owner
+// closes, and lasts at most the lease's TTL. A shard lost without a
+// hand-over (its key gone, the lease lost) no longer has the Guard: its
+// table is dropped at once.
 func (o *Owner) lost(shard uint32) {
 	s := o.shards[shard]
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	o.drop(s)
+	term := s.term
 	s.term = 0
+	for start := time.Now(); s.inflight > 0 && o.guarded(s.n, term) && o.ctx.Err() == nil && time.Since(start) < o.cfg.ttl; {
+		s.mu.Unlock()
+		time.Sleep(time.Millisecond)
+		s.mu.Lock()
+	}
+	o.drop(s)
+}
+
+// guarded tells whether the Guard of shard still holds for term: its
+// units can commit.
+func (o *Owner) guarded(shard uint32, term int64) bool {
+	m := o.current()
+	if m == nil || term == 0 {
+		return false
+	}
+	_, rev, ok := m.own.Guard(shard)
+	return ok && rev == term
+}
+
+// HandOver hands every shard over gracefully (SIGTERM, Drain): new calls
+// are refused from now on (SHARD_NOT_SERVED), the units in flight commit
+// and are answered (until ctx ends), then one Txn deregisters the member
+// and deletes its owner keys (Ownership.HandOver), so that the next owners
+// campaign and load at once. The ownership view keeps following etcd
+// until Close: a call still arriving here is forwarded to the next owner
+// as soon as the view shows it (internal/server, forward.go). Waiters are
+// answered Unavailable (they re-join elsewhere). Close calls it;
+// idempotent.
+func (o *Owner) HandOver(ctx context.Context) {
+	o.memberMu.Lock()
+	o.closing.Store(true)
+	m := o.current()
+	o.memberMu.Unlock()
+	o.awaitQuiet(ctx)
+	if ctx.Err() != nil {
+		o.cancel() // out of time: lost waits for nothing more
+	}
+	m.own.HandOver(ctx)
 }
 
 // drop fails the shard's table: its calls in progress are answered
