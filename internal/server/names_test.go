@@ -116,8 +116,8 @@ func TestDescribeAndList(t *testing.T) {
 				t.Fatalf("page of %d > page size %d", len(r.Holders), size)
 			}
 			for _, h := range r.Holders {
-				if h.Token != tokens[h.Name] || h.Owner != "owner-of-"+h.Name {
-					t.Fatalf("List holder %v, want token %d", h, tokens[h.Name])
+				if h.Token != tokens[h.Name] || h.Owner != "owner-of-"+h.Name || h.ExpiresAt != nil {
+					t.Fatalf("List holder %v, want token %d and no expires_at", h, tokens[h.Name])
 				}
 				got = append(got, h.Name)
 			}

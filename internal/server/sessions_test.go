@@ -71,6 +71,10 @@ func TestSessions(t *testing.T) {
 	if _, err := e.lc.KeepAliveSession(ctxT(t, 5*time.Second), &coordinatorv1.KeepAliveSessionRequest{Handle: s.Handle}); code(err) != codes.NotFound {
 		t.Fatalf("KeepAliveSession after close: %v, want NOT_FOUND", err)
 	}
+	// A retried close (its first answer lost) is no error: closed=false.
+	if c, err := e.lc.CloseSession(ctxT(t, 5*time.Second), &coordinatorv1.CloseSessionRequest{Handle: s.Handle}); err != nil || c.Closed || len(c.Released) != 0 {
+		t.Fatalf("CloseSession again = %v, %v; want closed=false", c, err)
+	}
 
 	t.Run("losing the session loses every lock", func(t *testing.T) {
 		s2, err := e.lc.OpenSession(ctxT(t, 5*time.Second), &coordinatorv1.OpenSessionRequest{Ttl: dur(time.Second)})

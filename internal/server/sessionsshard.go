@@ -134,7 +134,14 @@ func (s *LockService) closeSessionOnShards(ctx context.Context, req *coordinator
 		return &coordinatorv1.CloseSessionResponse{Released: holdersOnShards(hs, e)}, nil
 	}
 	return forward(ctx, s.fwd, req, func(ctx context.Context, req *coordinatorv1.CloseSessionRequest) (*coordinatorv1.CloseSessionResponse, error) {
-		if err := s.shards.CloseSession(ctx, req.GetHandle(), callerOf(ctx)); err != nil {
+		closed := true
+		if err := s.shards.CloseSession(ctx, req.GetHandle(), callerOf(ctx)); errors.Is(err, lease.ErrSessionNotFound) {
+			// Gone already (a retry of a close whose answer was lost, or
+			// an expiry): closed=false, as the API says, and its locks
+			// are released all the same, in case a close before did not
+			// reach every member.
+			closed = false
+		} else if err != nil {
 			return nil, err
 		}
 		local, err := s.shards.ReleaseSessionGrants(ctx, req.GetHandle(), callerOf(ctx), scopeOf(ctx))
@@ -148,7 +155,7 @@ func (s *LockService) closeSessionOnShards(ctx context.Context, req *coordinator
 		if err != nil {
 			return nil, err
 		}
-		return &coordinatorv1.CloseSessionResponse{Closed: true, Released: append(holdersOnShards(local, e), hs...)}, nil
+		return &coordinatorv1.CloseSessionResponse{Closed: closed, Released: append(holdersOnShards(local, e), hs...)}, nil
 	}, coordinatorv1.LockServiceClient.CloseSession)
 }
 

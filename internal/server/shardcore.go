@@ -276,6 +276,9 @@ func (s *LockService) listOnShards(ctx context.Context, req *coordinatorv1.ListR
 		return &coordinatorv1.ListResponse{Holders: hs}, nil
 	}
 	page, next := listPage(hs, after, size)
+	for _, h := range page {
+		h.ExpiresAt = nil // the API's List carries no expiry (the queue core's looks up no leases)
+	}
 	return &coordinatorv1.ListResponse{Holders: page, NextPageToken: next}, nil
 }
 

@@ -45,7 +45,7 @@ func (o *Owner) Acquire(ctx context.Context, a locktable.Acquire) (*locktable.Gr
 	case locktable.NotGranted:
 		return nil, &lease.NotGrantedError{Name: a.Name, HolderToken: r.HolderToken}
 	}
-	return nil, outcomeErr(a.Name, r)
+	return nil, o.outcomeErr(s, a.Name, r)
 }
 
 // Release ends the grant if the handle, token and caller are its own.
@@ -58,7 +58,7 @@ func (o *Owner) Release(ctx context.Context, name string, token int64, handle, c
 		return false, err
 	}
 	if r.Outcome != locktable.Released {
-		return false, outcomeErr(name, r)
+		return false, o.outcomeErr(s, name, r)
 	}
 	return r.Released, nil
 }
@@ -73,7 +73,7 @@ func (o *Owner) KeepAlive(ctx context.Context, name string, token int64, handle,
 		return nil, err
 	}
 	if r.Outcome != locktable.Renewed {
-		return nil, outcomeErr(name, r)
+		return nil, o.outcomeErr(s, name, r)
 	}
 	rn := r.Renewal
 	rn.ExpiresAt = o.wall(rn.ExpiresAt)
@@ -222,8 +222,11 @@ func (o *Owner) abandon(g *locktable.Grant, caller string) {
 	o.flush(s)
 }
 
-// outcomeErr is the lease error of a refusal.
-func outcomeErr(name string, r locktable.Reply) error {
+// outcomeErr is the lease error of a refusal on shard s.
+func (o *Owner) outcomeErr(s *shardState, name string, r locktable.Reply) error {
+	if r.Outcome == locktable.Unavailable && s.storeFull.Load() {
+		return fmt.Errorf("%w: the commit of %q was refused", lease.ErrStoreFull, name)
+	}
 	switch r.Outcome {
 	case locktable.NotHeld:
 		return lease.ErrNotHeld
@@ -256,7 +259,7 @@ func (o *Owner) ForceRelease(ctx context.Context, name string, token int64) (boo
 		return false, err
 	}
 	if r.Outcome != locktable.Released {
-		return false, outcomeErr(name, r)
+		return false, o.outcomeErr(s, name, r)
 	}
 	return r.Released, nil
 }

@@ -54,6 +54,9 @@ type Owner struct {
 type shardState struct {
 	n      uint32
 	broken atomic.Bool // a commit failed: send nothing more of this table (the committer's guard reads it)
+	// storeFull: the last commit failed on etcd's storage quota (NOSPACE),
+	// so the calls its drop answers Unavailable answer STORE_FULL instead.
+	storeFull atomic.Bool
 
 	mu       sync.Mutex
 	tab      *locktable.Table // nil: not served

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/coordinatord/coordinatord/internal/keyspace"
@@ -211,6 +212,7 @@ func (o *Owner) submit(s *shardState, u locktable.Unit) {
 		if err != nil {
 			s.broken.Store(true) // before the committer builds its next Txn
 		}
+		s.storeFull.Store(errors.Is(err, rpctypes.ErrNoSpace))
 		o.committed(s, gen, id, rev, err)
 	}})
 }
@@ -227,6 +229,7 @@ func (o *Owner) submitOwn(s *shardState, ops []Op, done func(rev int64, err erro
 		if err != nil {
 			s.broken.Store(true) // before the committer builds its next Txn
 		}
+		s.storeFull.Store(errors.Is(err, rpctypes.ErrNoSpace))
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.inflight--
