@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 )
 
 // daemon is a coordinatord process with its own embedded etcd in a
@@ -46,8 +54,29 @@ func startDaemon() (*daemon, error) {
 	return d, nil
 }
 
+// testCore is the core the daemon runs on: COORDINATORD_TEST_CORE=shard
+// runs it on the shard-owner core, else the queue core. The daemon does
+// not see the variable: it would warn about it (an unknown COORDINATORD_*
+// variable).
+const testCore = "COORDINATORD_TEST_CORE"
+
+// coreFlags put the daemon on the tests' core: on the shard core with a
+// 2 s member lease, as the root module's server suite runs it.
+func coreFlags() []string {
+	if os.Getenv(testCore) != "shard" {
+		return nil
+	}
+	return []string{"-core", "shard", "-shard-lease-ttl", "2s"}
+}
+
+// daemonEnv is this process's environment without testCore.
+func daemonEnv() []string {
+	return slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, testCore+"=") })
+}
+
 func (d *daemon) start(bin string) error {
-	d.cmd = exec.Command(bin, "-listen", "127.0.0.1:0", "-data-dir", filepath.Join(d.dir, "data"), "-log-format", "json")
+	d.cmd = exec.Command(bin, append(coreFlags(), "-listen", "127.0.0.1:0", "-data-dir", filepath.Join(d.dir, "data"), "-log-format", "json")...)
+	d.cmd.Env = daemonEnv()
 	stderr, err := d.cmd.StderrPipe()
 	if err != nil {
 		return err
@@ -59,12 +88,37 @@ func (d *daemon) start(bin string) error {
 	go d.read(stderr, addr)
 	select {
 	case d.addr = <-addr:
+		if coreFlags() != nil {
+			return d.awaitShards()
+		}
 		return nil
 	case err := <-d.done:
 		d.done <- err
 		return fmt.Errorf("coordinatord exited before serving: %w", err)
 	case <-time.After(60 * time.Second):
 		return errors.New("coordinatord not serving after 60s")
+	}
+}
+
+// awaitShards waits until the daemon serves every shard of the shard
+// core: List answers only then (SHARD_NOT_SERVED while a shard loads).
+func (d *daemon) awaitShards() error {
+	conn, err := grpc.NewClient(d.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	lc := coordinatorv1.NewLockServiceClient(conn)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := lc.List(ctx, &coordinatorv1.ListRequest{})
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("coordinatord serves no List 30s after start (not every shard served): %w", err)
+		}
 	}
 }
 

@@ -157,6 +157,10 @@ func TestSessionAcquiresOnce(t *testing.T) {
 	if closed, released, err := s.Close(ctx); !closed || len(released) != 1 || err != nil {
 		t.Fatalf("Close: %v %v %v", closed, released, err)
 	}
+	// What a retry of Close after a lost answer sees: false, no error.
+	if closed, released, err := s.Close(ctx); closed || len(released) != 0 || err != nil {
+		t.Fatalf("Close of a closed session: %v %v %v, want false and no error", closed, released, err)
+	}
 	if _, _, err := s.KeepAlive(ctx); status.Code(err) != codes.NotFound {
 		t.Fatalf("KeepAlive of a closed session: %v, want NOT_FOUND", err)
 	}

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,12 +66,35 @@ func skipOrFail(t *testing.T, msg string) {
 	t.Skip(msg)
 }
 
+// testCore is the core the daemons run on: COORDINATORD_TEST_CORE=shard
+// runs them on the shard-owner core, else the queue core. The daemon does
+// not see the variable (it would warn about it, see required).
+const testCore = "COORDINATORD_TEST_CORE"
+
+func sharded() bool { return os.Getenv(testCore) == "shard" }
+
+// coreFlags put a daemon on the tests' core: the shard core with a 2 s
+// member lease, as internal/server's suite runs it.
+func coreFlags() []string {
+	if !sharded() {
+		return nil
+	}
+	return []string{"--core", "shard", "--shard-lease-ttl", "2s"}
+}
+
+// daemonEnv is this process's environment without testCore.
+func daemonEnv() []string {
+	return slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, testCore+"=") })
+}
+
 // startDaemon runs coordinatord with its own embedded etcd in a temporary data
-// directory, on a loopback port picked by the kernel, and returns its address.
+// directory, on a loopback port picked by the kernel, on the tests' core, and
+// returns its address once it serves (on the shard core, every shard).
 // The daemon is stopped with SIGTERM (then killed) when the test ends.
 func startDaemon(t *testing.T) string {
 	t.Helper()
-	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(t.TempDir(), "data"))
+	cmd := exec.Command(binary, append(coreFlags(), "--listen", "127.0.0.1:0", "--data-dir", filepath.Join(t.TempDir(), "data"))...)
+	cmd.Env = daemonEnv()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -108,6 +133,9 @@ func startDaemon(t *testing.T) string {
 	})
 	select {
 	case a := <-addr:
+		if sharded() {
+			awaitShards(t, lockClient(t, a))
+		}
 		return a
 	case err := <-done:
 		t.Fatalf("coordinatord exited before serving: %v", err)
@@ -115,6 +143,23 @@ func startDaemon(t *testing.T) string {
 		t.Fatal("coordinatord not serving after 60s")
 	}
 	return ""
+}
+
+// awaitShards waits until the daemon of lc serves every shard of the shard
+// core: List answers only then (SHARD_NOT_SERVED while a shard loads).
+func awaitShards(t *testing.T, lc coordinatorv1.LockServiceClient) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := lc.List(ctx, &coordinatorv1.ListRequest{})
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("coordinatord serves no List 30s after start (not every shard served): %v", err)
+		}
+	}
 }
 
 // lockClient is a Go client of the daemon at addr, for assertions.

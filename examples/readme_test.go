@@ -106,6 +106,19 @@ func normalize(s string) string {
 	return strings.Trim(strings.Join(lines, "\n"), "\n")
 }
 
+// leaseIDRE is a normalized leaseId line of an AcquireResponse.
+var leaseIDRE = regexp.MustCompile(`(?m)^ *"leaseId": "<n>",\n`)
+
+// onTestCore is the walkthrough's normalized output as the tests' core
+// prints it: the shard core backs no grant with an etcd lease of its own,
+// so its AcquireResponse has no leaseId (informational, the queue core's).
+func onTestCore(want string) string {
+	if !sharded() {
+		return want
+	}
+	return leaseIDRE.ReplaceAllString(want, "")
+}
+
 // TestReadmeGrpcurlWalkthrough runs the ```sh blocks of the README's grpcurl
 // walkthrough, in one shell as the README says, against a live daemon (its
 // address substituted for 127.0.0.1:7070), and compares each block's output
@@ -184,7 +197,7 @@ func TestReadmeGrpcurlWalkthrough(t *testing.T) {
 		return
 	}
 	for i, s := range st {
-		if g, w := normalize(outputs[i]), normalize(s.want); g != w {
+		if g, w := normalize(outputs[i]), onTestCore(normalize(s.want)); g != w {
 			t.Errorf("README walkthrough step %d:\n%s\nprinted:\n%s\nREADME shows:\n%s\n(numbers, times and handles blanked as <n>, <time>, <handle>; "+
 				"if the new output is right: go test ./examples/ -run TestReadmeGrpcurlWalkthrough -update)",
 				i+1, s.commands, outputs[i], s.want)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,9 +54,37 @@ type proc struct {
 	done chan error
 }
 
+// testCore is the core the daemons run on: COORDINATORD_TEST_CORE=shard
+// runs them on the shard-owner core, else the queue core. The daemons do
+// not see the variable: they would warn about it (an unknown COORDINATORD_*
+// variable).
+const testCore = "COORDINATORD_TEST_CORE"
+
+func sharded() bool { return os.Getenv(testCore) == "shard" }
+
+// daemonEnv is this process's environment without testCore.
+func daemonEnv() []string {
+	return slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, testCore+"=") })
+}
+
+// coreFlags put a daemon on the tests' core: on the shard core, with a 2 s
+// member lease (as internal/server's suite) and a metrics listener, where
+// startDaemon sees when every shard is served (args given after these
+// override them).
+func coreFlags() []string {
+	if !sharded() {
+		return nil
+	}
+	return []string{"--core", "shard", "--shard-lease-ttl", "2s", "--metrics-listen", "127.0.0.1:0"}
+}
+
+// startDaemon starts the daemon with args on the tests' core and returns
+// once it serves: on the shard core, once it serves every shard.
 func startDaemon(t *testing.T, args ...string) *proc {
 	t.Helper()
+	args = append(coreFlags(), args...)
 	cmd := exec.Command(binary, append([]string{"--listen", "127.0.0.1:0", "--log-level", "debug"}, args...)...)
+	cmd.Env = daemonEnv()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +93,7 @@ func startDaemon(t *testing.T, args ...string) *proc {
 		t.Fatal(err)
 	}
 	p := &proc{cmd: cmd, logs: make(chan map[string]any, 1000), done: make(chan error, 1)}
-	addr := make(chan string, 1)
+	addr, metrics := make(chan string, 1), make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -74,8 +103,11 @@ func startDaemon(t *testing.T, args ...string) *proc {
 				t.Logf("non-JSON log line: %s", sc.Text())
 				continue
 			}
-			if line["msg"] == "coordinatord serving" {
+			switch line["msg"] {
+			case "coordinatord serving":
 				addr <- line["addr"].(string)
+			case "metrics serving":
+				metrics <- line["addr"].(string)
 			}
 			select {
 			case p.logs <- line:
@@ -98,7 +130,48 @@ func startDaemon(t *testing.T, args ...string) *proc {
 	case <-time.After(60 * time.Second):
 		t.Fatal("daemon not serving after 60s")
 	}
+	if sharded() {
+		select {
+		case a := <-metrics:
+			awaitShards(t, a)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no metrics listener logged by the daemon on the shard core")
+		}
+	}
 	return p
+}
+
+// awaitShards waits until the daemon whose metrics listen on addr serves
+// every shard of the shard core (coordinatord_shards_serving equals
+// coordinatord_shards): before, a call on a shard still loading answers
+// SHARD_NOT_SERVED.
+func awaitShards(t *testing.T, addr string) {
+	t.Helper()
+	gauge := func(body, name string) string {
+		for line := range strings.Lines(body) {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+		return ""
+	}
+	var serving string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		shards := gauge(string(b), "coordinatord_shards")
+		if serving = gauge(string(b), "coordinatord_shards_serving"); shards != "" && serving == shards {
+			return
+		}
+	}
+	t.Fatalf("the daemon serves %s shards 30s after start, not all", serving)
 }
 
 func (p *proc) conn(t *testing.T) *grpc.ClientConn {

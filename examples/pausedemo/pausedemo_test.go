@@ -4,6 +4,7 @@ package pausedemo_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,10 +12,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	coordinatorv1 "github.com/coordinatord/coordinatord/api/coordinator/v1"
 )
 
 // ttl is the workers' lease TTL: the smallest etcd grants with its default
@@ -172,10 +179,29 @@ func num(ev map[string]any, k string) int64 {
 	return int64(f)
 }
 
-// startCoordinator starts coordinatord with an embedded etcd and returns
-// its address, read from its "coordinatord serving" log line.
+// testCore is the core the coordinator runs on: COORDINATORD_TEST_CORE=shard
+// runs it on the shard-owner core, else the queue core. The daemon does not
+// see the variable: it would warn about it (an unknown COORDINATORD_*
+// variable).
+const testCore = "COORDINATORD_TEST_CORE"
+
+func sharded() bool { return os.Getenv(testCore) == "shard" }
+
+// coreFlags put the coordinator on the tests' core: the shard core with a
+// 2 s member lease, as internal/server's suite runs it.
+func coreFlags() []string {
+	if !sharded() {
+		return nil
+	}
+	return []string{"--core", "shard", "--shard-lease-ttl", "2s"}
+}
+
+// startCoordinator starts coordinatord with an embedded etcd on the tests'
+// core and returns its address, read from its "coordinatord serving" log
+// line, once it serves (on the shard core, every shard).
 func startCoordinator(t *testing.T) string {
-	cmd := exec.Command(filepath.Join(bin, "coordinatord"), "--listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--log-format", "json")
+	cmd := exec.Command(filepath.Join(bin, "coordinatord"), append(coreFlags(), "--listen", "127.0.0.1:0", "--data-dir", t.TempDir(), "--log-format", "json")...)
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, testCore+"=") })
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -208,6 +234,9 @@ func startCoordinator(t *testing.T) string {
 	})
 	select {
 	case a := <-addr:
+		if sharded() {
+			awaitShards(t, a)
+		}
 		return a
 	case <-done:
 		t.Fatal("coordinatord exited before serving")
@@ -215,6 +244,30 @@ func startCoordinator(t *testing.T) string {
 		t.Fatal("coordinatord not serving after 60s")
 	}
 	return ""
+}
+
+// awaitShards waits until the coordinator at addr serves every shard of
+// the shard core: List answers only then (SHARD_NOT_SERVED while a shard
+// loads).
+func awaitShards(t *testing.T, addr string) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	lc := coordinatorv1.NewLockServiceClient(conn)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := lc.List(ctx, &coordinatorv1.ListRequest{})
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("coordinatord serves no List 30s after start (not every shard served): %v", err)
+		}
+	}
 }
 
 type write struct {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -41,8 +42,28 @@ type running struct {
 	cancel                context.CancelFunc
 }
 
+// testCore is the core the suite runs on: COORDINATORD_TEST_CORE=shard
+// runs it on the shard-owner core, else the queue core.
+func testCore() string { return os.Getenv("COORDINATORD_TEST_CORE") }
+
+// onTestCore puts cfg on the suite's core unless its test chose one: the
+// shard core with a 2 s member lease, as internal/server's suite runs it.
+func onTestCore(cfg daemon.Config) daemon.Config {
+	if cfg.Core == "" && testCore() == daemon.CoreShard {
+		cfg.Core = daemon.CoreShard
+		if cfg.ShardLeaseTTL == 0 {
+			cfg.ShardLeaseTTL = 2 * time.Second
+		}
+	}
+	return cfg
+}
+
+// run serves cfg on the suite's core (onTestCore) as daemon.Run does (New,
+// Run, Close), and returns once it listens and, a member of the shard
+// core, serves every shard.
 func run(t *testing.T, cfg daemon.Config) *running {
 	t.Helper()
+	cfg = onTestCore(cfg)
 	r := &running{t: t, done: make(chan error, 1)}
 	addrs := make(chan string, 3)
 	cfg.Listen = "127.0.0.1:0"
@@ -67,7 +88,18 @@ func run(t *testing.T, cfg daemon.Config) *running {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
-	go func() { r.done <- daemon.Run(ctx, cfg) }()
+	started := make(chan *daemon.Daemon, 1)
+	go func() {
+		d, err := daemon.New(ctx, cfg.WithDefaults())
+		if err != nil {
+			r.done <- err
+			return
+		}
+		started <- d
+		err = d.Run(ctx)
+		d.Close()
+		r.done <- err
+	}()
 	for range want {
 		select {
 		case a := <-addrs:
@@ -87,7 +119,25 @@ func run(t *testing.T, cfg daemon.Config) *running {
 		}
 	}
 	t.Cleanup(r.stop)
+	if cfg.Core == daemon.CoreShard && cfg.Role != daemon.RoleRelay {
+		awaitShards(t, <-started)
+	}
 	return r
+}
+
+// awaitShards waits until the member d serves every shard: before, a call
+// on a shard still loading answers SHARD_NOT_SERVED.
+func awaitShards(t *testing.T, d *daemon.Daemon) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		st := d.Shards().Status()
+		if st.Serving == st.Shards {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon serves %d of %d shards 30s after start", st.Serving, st.Shards)
+		}
+	}
 }
 
 func (r *running) stop() {
@@ -384,7 +434,7 @@ func TestRunStoppedBeforeItServesReturnsNil(t *testing.T) {
 			Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0", HealthListen: "127.0.0.1:0",
 			DataDir: t.TempDir(), DefaultTTL: 15 * time.Second, MaxTTL: time.Minute, ShutdownTimeout: 5 * time.Second,
 		}
-		d, err := daemon.New(ctxT(t), cfg.WithDefaults())
+		d, err := daemon.New(ctxT(t), onTestCore(cfg).WithDefaults())
 		if err != nil {
 			t.Fatal(err)
 		}

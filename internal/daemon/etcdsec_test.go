@@ -102,7 +102,7 @@ func TestDaemonOnAnEtcdWithTLSClientAuthAndPassword(t *testing.T) {
 			cfg.Listen, cfg.DefaultTTL, cfg.MaxTTL, cfg.ShutdownTimeout = "127.0.0.1:0", 15*time.Second, time.Minute, time.Second
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			if err := daemon.Run(ctx, cfg); err == nil || ctx.Err() != nil {
+			if err := daemon.Run(ctx, onTestCore(cfg)); err == nil || ctx.Err() != nil {
 				t.Fatalf("daemon.Run = %v (ctx %v), want a start-up error", err, ctx.Err())
 			}
 		})

@@ -2,10 +2,15 @@
 // elections, and the daemon's assembly, internal/coordinator: lease manager,
 // fence validator with its holder view, gRPC on 127.0.0.1:0) inside a test
 // process, for the tests and runnable examples of the public packages.
+//
+// COORDINATORD_TEST_CORE=shard runs it on the shard-owner core,
+// as internal/server's suite does: 16 shards, a 2 s member lease, every
+// shard served before Start returns.
 package testcoord
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"time"
@@ -18,6 +23,7 @@ import (
 	"github.com/coordinatord/coordinatord/internal/embedetcd"
 	"github.com/coordinatord/coordinatord/internal/lease"
 	"github.com/coordinatord/coordinatord/internal/server"
+	"github.com/coordinatord/coordinatord/internal/shard"
 )
 
 // Coordinator is one running coordinator over its own embedded etcd.
@@ -31,6 +37,10 @@ type Coordinator struct {
 	etcd  *embedetcd.Server
 	coord *coordinator.Coordinator
 }
+
+// sharded says whether the tests run on the shard-owner core:
+// COORDINATORD_TEST_CORE=shard, else the queue core.
+func sharded() bool { return os.Getenv("COORDINATORD_TEST_CORE") == "shard" }
 
 // Start starts a coordinator; opts are extra gRPC server options (e.g.
 // interceptors that inject faults). Stop it with Stop.
@@ -53,19 +63,41 @@ func (c *Coordinator) start(opts []grpc.ServerOption) error {
 	if err != nil {
 		return err
 	}
-	c.coord, err = coordinator.New(clientv3.Config{Endpoints: c.etcd.Endpoints(), DialTimeout: 5 * time.Second},
-		coordinator.WithLease(lease.WithKeyPrefix("/test/")), coordinator.WithServer(server.WithServerOptions(opts...)))
-	if err != nil {
-		return err
-	}
-	c.Etcd = c.coord.Etcd()
+	// Bound first: a member of the shard core advertises its address.
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
 	c.Addr = lis.Addr().String()
+	copts := []coordinator.Option{coordinator.WithLease(lease.WithKeyPrefix("/test/")), coordinator.WithServer(server.WithServerOptions(opts...))}
+	if sharded() {
+		copts = append(copts, coordinator.WithShardCore(shard.WithShards(16), shard.WithLeaseTTL(2*time.Second), shard.WithMember("", c.Addr)))
+	}
+	c.coord, err = coordinator.New(clientv3.Config{Endpoints: c.etcd.Endpoints(), DialTimeout: 5 * time.Second}, copts...)
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	c.Etcd = c.coord.Etcd()
 	c.coord.ServeInBackground(lis)
+	if sharded() {
+		return c.awaitShards()
+	}
 	return nil
+}
+
+// awaitShards waits until the shard core serves every shard: before, a
+// call on a shard still loading would answer SHARD_NOT_SERVED.
+func (c *Coordinator) awaitShards() error {
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		st := c.coord.Shards().Status()
+		if st.Serving == st.Shards {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the shard core serves %d of %d shards 15s after start", st.Serving, st.Shards)
+		}
+	}
 }
 
 // Stop stops gRPC and etcd and removes the data directory.
