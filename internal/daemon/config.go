@@ -99,8 +99,7 @@ type Config struct {
 	MaxWaitersPerLock    int64         // waiters per lock
 	// Core is the lock core: "queue" (the default: every queue kept in
 	// etcd) or "shard" (the shard-owner core, being built: locks decided in
-	// memory by one owner per shard, persisted by one guarded group commit;
-	// the per-identity lock limit is not enforced on it yet).
+	// memory by one owner per shard, persisted by one guarded group commit).
 	Core string
 	// ShardLeaseTTL is the member lease of the shard core: a crashed
 	// owner's shards serve again about this long after its last renewal.
