@@ -116,6 +116,8 @@ func TestMetricNamesOfAQuery(t *testing.T) {
 		{`max(a / b) > 1e3 and c offset 5m`, "a b c"},
 		{`sum by (namespace) (increase(r_total[10m])) > 0 or sum by (namespace) (r_total unless r_total offset 10m) > 0`, "r_total"},
 		{`count by (version) (coordinatord_build_info{job=~"(.*/)?x"})`, "coordinatord_build_info"},
+		{`(sum by (namespace) (increase(x_total[10m]) and on (namespace, pod) coordinatord_shards) or max by (namespace) (increase(x_total[10m]) unless on (namespace, pod) coordinatord_shards)) > 0`,
+			"x_total coordinatord_shards"},
 	} {
 		if got := strings.Join(metricNames(tc.q), " "); got != tc.want {
 			t.Errorf("metricNames(%q) = %q, want %q", tc.q, got, tc.want)
@@ -124,10 +126,12 @@ func TestMetricNamesOfAQuery(t *testing.T) {
 }
 
 // Every query of the rules and the dashboard reads only metrics that exist:
-// those a real coordinatord serves on /metrics (started here with its
-// embedded etcd: every vector of the daemon is created with its usual
-// series at zero), etcd's own (looked up in the etcd server sources the
-// daemon is built with), and Prometheus' up.
+// those a real coordinatord serves on /metrics, on either core (started
+// here with its embedded etcd: every vector of the daemon is created with
+// its usual series at zero), etcd's own (looked up in the etcd server
+// sources the daemon is built with), and Prometheus' up. The shard core's
+// are read too: the queries of the lock census and of the grant ends tell
+// its replicas (sum) from the queue core's (max) by coordinatord_shards.
 func TestQueriesNameExportedMetrics(t *testing.T) {
 	m := buildMonitoring(t)
 	exported := scrapeDaemon(t)
@@ -135,6 +139,15 @@ func TestQueriesNameExportedMetrics(t *testing.T) {
 		if !exported[want] {
 			t.Fatalf("the daemon's /metrics lacks %s: the scrape is broken", want)
 		}
+	}
+	shardCore := scrapeDaemon(t, "-core=shard")
+	for _, want := range []string{"coordinatord_shards", "coordinatord_locks_held", "coordinatord_expirations_total"} {
+		if !shardCore[want] {
+			t.Fatalf("the shard core's /metrics lacks %s: the scrape is broken", want)
+		}
+	}
+	for n := range shardCore {
+		exported[n] = true
 	}
 	etcdDir := etcdServerSources(t)
 	for where, q := range queries(t, m) {
@@ -156,9 +169,10 @@ func TestQueriesNameExportedMetrics(t *testing.T) {
 	}
 }
 
-// scrapeDaemon builds and starts coordinatord with an embedded etcd and
-// returns the sample names of its /metrics once its lock census reads etcd.
-func scrapeDaemon(t *testing.T) map[string]bool {
+// scrapeDaemon builds and starts coordinatord with an embedded etcd (and
+// the extra flags) and returns the sample names of its /metrics once it
+// exports its lock census (the queue core's reads etcd).
+func scrapeDaemon(t *testing.T, flags ...string) map[string]bool {
 	t.Helper()
 	bin := daemonBinary(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -167,7 +181,7 @@ func scrapeDaemon(t *testing.T) map[string]bool {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	cmd := exec.Command(bin, "-listen=127.0.0.1:0", "-metrics-listen="+addr, "-data-dir="+t.TempDir(), "-log-format=text")
+	cmd := exec.Command(bin, append([]string{"-listen=127.0.0.1:0", "-metrics-listen=" + addr, "-data-dir=" + t.TempDir(), "-log-format=text"}, flags...)...)
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	// The flags above only: no COORDINATORD_* setting of the caller's.
 	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "COORDINATORD_") })

@@ -13,7 +13,14 @@ import (
 // it followed (without --bump-revision it would wait, silently, for the
 // revisions the restore took back; the chaos suite's restore scenario saw
 // it report no end any more). Ends during the restore are not reported.
+//
+// On the shard-owner core it reports the ends this member's tables make
+// instead (watchShardEnds): each end once in the cluster, not every end on
+// every replica; after is not used there.
 func (c *Coordinator) WatchEnds(ctx context.Context, after int64, observe func(lease.GrantEnd)) error {
+	if c.own != nil {
+		return c.watchShardEnds(ctx, observe)
+	}
 	for ctx.Err() == nil {
 		changed := c.ep.Changed(c.ep.Status().Epoch)
 		wctx, cancel := context.WithCancel(ctx)

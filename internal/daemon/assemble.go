@@ -25,7 +25,8 @@ import (
 // assemble builds the coordinator (coordinator.New) from cfg: its etcd
 // client, the lease manager's caps, the validator's mark limit, and the gRPC
 // server's metrics, credentials, authorization and limits; then probes etcd
-// through it and counts locks and the token epoch for the metrics.
+// through it and counts locks (the queue core's in etcd, the shard core's
+// in this member's tables) and the token epoch for the metrics.
 func (d *Daemon) assemble(ctx context.Context) error {
 	cfg := d.cfg
 	etcdCfg, err := d.etcdClientConfig()
@@ -58,13 +59,16 @@ func (d *Daemon) assemble(ctx context.Context) error {
 		return err
 	}
 	d.reg.MustRegister(epochCollector{status: d.coord.Epochs().Status})
-	if own := d.coord.Shards(); own != nil {
-		d.reg.MustRegister(shardCollector{status: own.Status})
-	}
 	if err := d.probeEtcd(ctx); err != nil {
 		return err
 	}
-	d.metrics.CountLocks(2*time.Second, d.coord.Leases().Census)
+	if own := d.coord.Shards(); own != nil {
+		// The census of this member's shards, from memory (sum over replicas).
+		d.reg.MustRegister(shardCollector{status: own.Status}, shardCensus{census: own.Census})
+	} else {
+		// The cluster's census, from etcd (every replica counts all: max).
+		d.metrics.CountLocks(2*time.Second, d.coord.Leases().Census)
+	}
 	d.metrics.Initialize(d.coord.GRPC())
 	return nil
 }

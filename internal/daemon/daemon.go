@@ -134,8 +134,10 @@ func (d *Daemon) serve(g *errgroup.Group, gctx context.Context) {
 	g.Go(func() error { d.ready.Run(gctx); return nil })
 	g.Go(func() error { return coord.Fence().RetainMarks(gctx, cfg.MarkRetention, d.log) })
 	if d.hsrv != nil {
-		// Hold times and expiries are seen in etcd's history, from the
-		// revision read at start-up on (only when metrics are served).
+		// Hold times and expiries (only when metrics are served): on the
+		// queue core seen in etcd's history, from the revision read at
+		// start-up on; on the shard core the ends this member's tables
+		// make (coordinator.WatchEnds).
 		g.Go(func() error { return coord.WatchEnds(gctx, d.startRev, d.metrics.GrantEnded) })
 		g.Go(func() error {
 			if err := d.hsrv.Serve(d.mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {

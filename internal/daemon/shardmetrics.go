@@ -20,6 +20,14 @@ import (
 // Sum serving over the replicas: it equals coordinatord_shards when every
 // shard is served. A headroom that keeps falling towards 0 means etcd is
 // slow to acknowledge renewals: the replica is about to stop answering.
+//
+// The lock census, coordinatord_locks_held and coordinatord_lock_waiters,
+// is the queue core's two gauges (server.Metrics.CountLocks) with the
+// shard core's meaning: the locks of the shards this replica serves, read
+// from its tables (shard.Owner.Census), so sum them over the replicas,
+// where the queue core's are the cluster's on every replica (max). Like
+// the queue core's, they leave the scrape when the replica cannot vouch
+// for them: its lease deadline passed (cut off from etcd).
 var (
 	shardsDesc        = prometheus.NewDesc("coordinatord_shards", "The cluster's shard count (fixed at the first start).", nil, nil)
 	shardsServingDesc = prometheus.NewDesc("coordinatord_shards_serving", "Shards this replica owns and answers for now.", nil, nil)
@@ -30,6 +38,11 @@ var (
 	shardUnitsDesc   = prometheus.NewDesc("coordinatord_shard_commit_units_total", "Units (one shard's decisions) committed; divided by coordinatord_shard_commits_total: the batching.", nil, nil)
 	shardDropsDesc   = prometheus.NewDesc("coordinatord_shard_table_drops_total", "Shard tables dropped: a shard lost, or a commit whose outcome is unknown (the table reloads from etcd).", nil, nil)
 	shardRejoinsDesc = prometheus.NewDesc("coordinatord_shard_member_rejoins_total", "Times this replica joined again with a new lease after etcd lost its lease (it was cut off from etcd past its TTL).", nil, nil)
+
+	shardHeldDesc = prometheus.NewDesc("coordinatord_locks_held",
+		"Locks that have a holder, in the shards this replica serves (shard core: sum() over the replicas).", nil, nil)
+	shardWaitersDesc = prometheus.NewDesc("coordinatord_lock_waiters",
+		"Contenders waiting in lock queues, in the shards this replica serves (shard core: sum() over the replicas).", nil, nil)
 )
 
 // shardCollector exports the Owner's Status at every scrape; it owns no
@@ -52,4 +65,19 @@ func (c shardCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(shardUnitsDesc, prometheus.CounterValue, float64(st.Commits.Units))
 	ch <- prometheus.MustNewConstMetric(shardDropsDesc, prometheus.CounterValue, float64(st.Drops))
 	ch <- prometheus.MustNewConstMetric(shardRejoinsDesc, prometheus.CounterValue, float64(st.Rejoins))
+}
+
+// shardCensus exports the Owner's Census at every scrape, or nothing while
+// the census fails (the lease deadline passed); it owns no goroutine.
+type shardCensus struct{ census func() (shard.Census, error) }
+
+func (shardCensus) Describe(ch chan<- *prometheus.Desc) { ch <- shardHeldDesc; ch <- shardWaitersDesc }
+
+func (c shardCensus) Collect(ch chan<- prometheus.Metric) {
+	n, err := c.census()
+	if err != nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(shardHeldDesc, prometheus.GaugeValue, float64(n.Held))
+	ch <- prometheus.MustNewConstMetric(shardWaitersDesc, prometheus.GaugeValue, float64(n.Waiting))
 }

@@ -151,6 +151,7 @@ func (w *GrantWatch) end(r GrantEnd) {
 // table reported every grant it showed; any watch left is ended too.
 func (o *Owner) grantsEnded(s *shardState, ends []locktable.Ended) {
 	o.identityEnded(s, ends) // their slots of the per-identity limit (identityheld.go)
+	o.feedEnds(s, ends)      // the hold-time metrics' feed (endfeed.go)
 	for _, e := range ends {
 		k := grantKey{e.Name, e.Token}
 		r := endOf(e)
