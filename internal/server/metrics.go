@@ -95,13 +95,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		holdSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "coordinatord_hold_seconds",
 			Help: "How long grants were held, from grant to end, by how they ended: released, forced (ForceRelease) or expired " +
-				"(every lock under the key prefix, whichever replica granted it: aggregate replicas with max(), not sum()).",
+				"(queue core: every lock under the key prefix, whichever replica granted it, so aggregate replicas with max(); " +
+				"shard core: the ends this member's shards committed, so aggregate with sum()).",
 			Buckets: []float64{.01, .05, .1, .5, 1, 5, 10, 30, 60, 300, 900, 1800, 3600},
 		}, outcome),
 		expirations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "coordinatord_expirations_total",
 			Help: "Grants that expired while held: the lease ran out (or was revoked) without a release " +
-				"(every lock under the key prefix: aggregate replicas with max(), not sum()).",
+				"(queue core: every lock under the key prefix, so aggregate replicas with max(); shard core: this member's shards, so sum()).",
 		}),
 		counterHits: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "coordinatord_counter_hits_total",
@@ -182,9 +183,10 @@ func (m *Metrics) Initialize(gs *grpc.Server) { m.rpc.initialize(gs) }
 
 // CountLocks adds the gauges coordinatord_locks_held and
 // coordinatord_lock_waiters, computed by count at every scrape (bounded by
-// timeout). They count every lock under the key prefix, whichever replica
-// granted it: aggregate replicas with max(), not sum(). A failed count
-// leaves the gauges out of that scrape.
+// timeout). On the queue core they count every lock under the key prefix,
+// whichever replica granted it (aggregate replicas with max()); on the
+// shard core, the locks of the member's shards (aggregate with sum()). A
+// failed count leaves the gauges out of that scrape.
 func (m *Metrics) CountLocks(timeout time.Duration, count func(context.Context) (held, waiting int64, err error)) {
 	m.reg.MustRegister(&lockCensus{count: count, timeout: timeout})
 }
