@@ -17,12 +17,20 @@ var (
 	// etcd-0.etcd, or *.svc, *.cluster.local), with its port: an endpoint in
 	// a command, not a page outside the repository.
 	inClusterRe = regexp.MustCompile(`^[a-z]+://([a-z0-9-]+\.)*([a-z0-9-]+|etcd|svc|cluster\.local):\d+(/|,|$)`)
+	// upPath is a file named by a path that climbs out of the doc's folder
+	// (../docs/CONCEPTS.md, ../shared/DESIGN.md), link or not; a folder
+	// (kustomize's ../etcd) has no extension.
+	upPath = regexp.MustCompile(`(?:\.\./)+[A-Za-z0-9_./-]*\.[A-Za-z]+\b`)
+	// docName is a project doc named alone, in upper case (DESIGN.md).
+	docName = regexp.MustCompile(`(?:^|[^A-Za-z0-9_./-])([A-Z][A-Z0-9_]*\.md)\b`)
 )
 
 // The user docs (README.md, docs/, deploy/README.md) link only inside the
 // repository, to files and headings that exist, and name no internal issue
 // numbers. A web address is allowed only on loopback, in a command (other
-// schemes are identifiers: spiffe://, dns:///, unix://).
+// schemes are identifiers: spiffe://, dns:///, unix://). A file they cite
+// in prose is in the repository too (docs/CONTRIBUTING.md and
+// docs/BENCHMARKS.md cited ../shared/DESIGN.md, a contract outside it).
 func TestDocsLinks(t *testing.T) {
 	files := []string{"README.md", filepath.Join("deploy", "README.md")}
 	err := filepath.WalkDir(filepath.Join(repoRoot, "docs"), func(path string, d os.DirEntry, err error) error {
@@ -53,7 +61,34 @@ func TestDocsLinks(t *testing.T) {
 			for _, m := range mdLink.FindAllStringSubmatch(text, -1) {
 				checkLink(t, f, text, m[1])
 			}
+			checkCitations(t, f, text)
 		})
+	}
+}
+
+// checkCitations fails for each file that f (whose text is text) names
+// without a link but the repository does not hold: a path that climbs out
+// of f's folder must name a file of the repository from there, and a doc
+// named alone (DESIGN.md) must be beside f, at the root or in docs/.
+func checkCitations(t *testing.T, f, text string) {
+	t.Helper()
+	for _, ref := range upPath.FindAllString(text, -1) {
+		full := filepath.Join(repoRoot, filepath.Dir(f), ref)
+		rel, err := filepath.Rel(repoRoot, full)
+		if _, serr := os.Stat(full); err != nil || strings.HasPrefix(rel, "..") || serr != nil {
+			t.Errorf("%s names %s, no file of the repository: the docs cite only what it holds (a design note goes in docs/)", f, ref)
+		}
+	}
+	for _, m := range docName.FindAllStringSubmatch(text, -1) {
+		found := false
+		for _, dir := range []string{filepath.Dir(f), ".", "docs"} {
+			if _, err := os.Stat(filepath.Join(repoRoot, dir, m[1])); err == nil {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("%s names %s, which is not in the repository (beside it, at the root or in docs/)", f, m[1])
+		}
 	}
 }
 

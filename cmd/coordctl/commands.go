@@ -141,7 +141,7 @@ var commands = []command{
 		examples: "  SESSION=$(coordctl -o json session open --ttl 30s | jq -r .handle)\n",
 		minArgs:  0, maxArgs: 0,
 		flags: func(fs *flag.FlagSet, f *sessionOpenLine) {
-			fs.Var(&f.ttl, "ttl", "the session lease's TTL, whole seconds (default: the server's)")
+			fs.Var(&f.ttl, "ttl", "the session lease's TTL, a `duration` of whole seconds (default: the server's)")
 			fs.StringVar(&f.owner, "owner", defaultOwner(), "who holds the session's locks, shown by describe and list")
 		},
 		run: runSessionOpen, print: printSession,

@@ -38,7 +38,7 @@ _coordctl() {
         --addr|--timeout|--ttl|--wait|--owner|--lock-delay|--max-hold|--grace|--resource|--count|--start-revision|--tls-server-name|--limit|--window|--hits|--request-id|--slot|--last-revision|--margin) return ;;
     esac
     if [[ -z "$cmd" ]]; then
-        if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$conn" -- "$cur")); else COMPREPLY=($(compgen -W "$cmds" -- "$cur")); fi
+        if [[ "$cur" == -* ]]; then COMPREPLY=($(compgen -W "$conn --version" -- "$cur")); else COMPREPLY=($(compgen -W "$cmds" -- "$cur")); fi
         return
     fi
     local flags="$conn"

@@ -31,7 +31,7 @@ _coordctl() {
         --addr|--timeout|--ttl|--wait|--owner|--lock-delay|--max-hold|--grace|--resource|--count|--start-revision|--tls-server-name|--limit|--window|--hits|--request-id|--slot|--last-revision|--margin) return ;;
     esac
     if [[ -z "$cmd" ]]; then
-        if [[ "$PREFIX" == -* ]]; then compadd -- $conn; else compadd -- $cmds; fi
+        if [[ "$PREFIX" == -* ]]; then compadd -- $conn --version; else compadd -- $cmds; fi
         return
     fi
     flags=($conn)
@@ -108,6 +108,7 @@ complete -c coordctl -n '__coordctl_is help' -a 'acquire release keepalive valid
 complete -c coordctl -n '__coordctl_is acquire release keepalive validate describe watch force-release exec list' -a '(__coordctl_names)'
 complete -c coordctl -n '__coordctl_is --' -a '(__fish_complete_subcommand --fcs-skip=1)'
 complete -c coordctl -o o -x -a 'table json' -d 'output format'
+complete -c coordctl -n 'test -z (__coordctl_cmd)' -l version -d "coordctl's version"
 complete -c coordctl -l addr -x -d 'coordinator address'
 complete -c coordctl -l timeout -x -d 'bound on each call'
 complete -c coordctl -l tls -d 'TLS with the system roots'

@@ -69,10 +69,10 @@ func newConnFlags(w io.Writer) *connFlags {
 		timeout:       10 * time.Second,
 	}
 	if v := envOr("TIMEOUT", ""); v != "" {
-		if d, err := time.ParseDuration(v); err == nil {
+		if d, err := parseDuration(v); err == nil {
 			c.timeout = d
 		} else {
-			fmt.Fprintf(w, "coordctl: COORDCTL_TIMEOUT=%q is not a duration; using %v\n", v, c.timeout)
+			fmt.Fprintf(w, "coordctl: COORDCTL_TIMEOUT: %v; using %v\n", err, c.timeout)
 		}
 	}
 	switch strings.ToLower(envOr("TLS", "")) {
@@ -92,7 +92,7 @@ func (c *connFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.tlsKey, "tls-key", c.tlsKey, "PEM key of --tls-cert ($COORDCTL_TLS_KEY)")
 	fs.StringVar(&c.tlsServerName, "tls-server-name", c.tlsServerName, "server name to verify ($COORDCTL_TLS_SERVER_NAME)")
 	fs.StringVar(&c.tokenFile, "token-file", c.tokenFile, "file holding a bearer token ($COORDCTL_TOKEN_FILE)")
-	fs.DurationVar(&c.timeout, "timeout", c.timeout, "bound on each call, retries included, queue wait excluded ($COORDCTL_TIMEOUT)")
+	durationVar(fs, &c.timeout, "timeout", c.timeout, "the `duration` that bounds each call, retries included, queue wait excluded ($COORDCTL_TIMEOUT)")
 }
 
 // bearer sends a bearer token with every call.

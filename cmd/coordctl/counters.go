@@ -21,7 +21,7 @@ type hitLine struct {
 
 func (f *hitLine) register(fs *flag.FlagSet) {
 	fs.Int64Var(&f.limit, "limit", 0, "the most hits allowed per window (required, at least 1)")
-	fs.DurationVar(&f.window, "window", 0, "the window (required, at least 1ms): a fixed window starts at its first hit")
+	durationVar(fs, &f.window, "window", 0, "the window's `duration` (required, at least 1ms): a fixed window starts at its first hit")
 	fs.Int64Var(&f.hits, "hits", 1, "hits to count; 0 reads the counter without counting")
 	fs.BoolVar(&f.tokenBucket, "token-bucket", false, "count with a token bucket (limit tokens, refilled at limit per window)")
 	fs.BoolVar(&f.failOpen, "fail-open", false, "if the coordinator cannot reach etcd, allow the hit uncounted (default: the server's policy)")

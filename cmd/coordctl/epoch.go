@@ -30,12 +30,12 @@ func runEpoch(x *call[struct{}]) (client.Epoch, error) {
 }
 
 func printEpoch(x *call[struct{}], ep client.Epoch) int {
-	if x.output == "json" {
+	if x.output == "json" { // every field, zeros too: epoch 0 while serving is an answer
 		x.printJSON(struct {
-			Epoch  string `json:"epoch,omitempty"`
-			Floor  string `json:"floor,omitempty"`
-			Paused string `json:"paused,omitempty"`
-		}{nonZero(ep.Epoch), nonZero(ep.Floor), ep.Paused})
+			Epoch  string `json:"epoch"`
+			Floor  string `json:"floor"`
+			Paused string `json:"paused"`
+		}{i64(ep.Epoch), i64(ep.Floor), ep.Paused})
 		return exitOK
 	}
 	state := "serving"
@@ -44,14 +44,6 @@ func printEpoch(x *call[struct{}], ep client.Epoch) int {
 	}
 	x.table([]string{"EPOCH", "FLOOR", "STATE"}, []string{strconv.FormatInt(ep.Epoch, 10), strconv.FormatInt(ep.Floor, 10), state})
 	return exitOK
-}
-
-// nonZero is an int64 as protojson writes it: a string, omitted when 0.
-func nonZero(n int64) string {
-	if n == 0 {
-		return ""
-	}
-	return strconv.FormatInt(n, 10)
 }
 
 // restorePlanLine is restore-plan's command line.

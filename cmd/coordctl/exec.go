@@ -32,7 +32,7 @@ type execLine struct {
 func (l *execLine) register(fs *flag.FlagSet) {
 	l.lock.register(fs)
 	l.shape.register(fs, "run COMMAND while holding one (COORDINATOR_SLOT says which)", "run COMMAND as one of its readers (without it: as its writer)")
-	fs.DurationVar(&l.grace, "grace", 5*time.Second, "after the lock is lost: how long COMMAND has to exit after SIGTERM before SIGKILL")
+	durationVar(fs, &l.grace, "grace", 5*time.Second, "after the lock is lost: the `duration` COMMAND has to exit after SIGTERM before SIGKILL")
 }
 
 // parse takes NAME, then COMMAND and its arguments.

@@ -13,6 +13,50 @@ import (
 	"github.com/coordinatord/coordinatord/client"
 )
 
+// Duration flags go through parseDuration: the flag package's own
+// (DurationVar) answers "--ttl 10" with "parse error", which does not say
+// that a unit is missing. Their usage names the value `duration`, which
+// -help shows after the flag (the flag package shows "value" for a flag
+// type of its caller's otherwise).
+
+// parseDuration is time.ParseDuration with an error that says what to
+// write instead.
+func parseDuration(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err == nil {
+		return d, nil
+	}
+	if _, nerr := strconv.ParseFloat(s, 64); nerr == nil {
+		return 0, fmt.Errorf("missing unit in duration %q: write %ss for seconds (units: ms, s, m, h)", s, s)
+	}
+	return 0, fmt.Errorf("%q is not a duration: write it as 30s, 1m30s or 500ms", s)
+}
+
+// durationValue is a duration flag read by parseDuration.
+type durationValue time.Duration
+
+// durationVar defines a duration flag, as fs.DurationVar does.
+func durationVar(fs *flag.FlagSet, p *time.Duration, name string, value time.Duration, usage string) {
+	*p = value
+	fs.Var((*durationValue)(p), name, usage)
+}
+
+func (d *durationValue) String() string {
+	if d == nil {
+		return ""
+	}
+	return time.Duration(*d).String()
+}
+
+func (d *durationValue) Set(s string) error {
+	v, err := parseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = durationValue(v)
+	return nil
+}
+
 // optDuration is a duration flag that knows whether it was set.
 type optDuration struct {
 	d   time.Duration
@@ -27,7 +71,7 @@ func (o *optDuration) String() string {
 }
 
 func (o *optDuration) Set(s string) error {
-	d, err := time.ParseDuration(s)
+	d, err := parseDuration(s)
 	if err != nil {
 		return err
 	}
@@ -45,11 +89,11 @@ type lockFlags struct {
 }
 
 func (l *lockFlags) register(fs *flag.FlagSet) {
-	fs.DurationVar(&l.ttl, "ttl", 0, "lease TTL, whole seconds (default: the server's, 15s out of the box)")
-	fs.Var(&l.wait, "wait", "how long to wait in the queue; 0s: try once (default: until Ctrl-C, at most the server's -max-wait)")
+	durationVar(fs, &l.ttl, "ttl", 0, "the lease's TTL, a `duration` of whole seconds (default: the server's, 15s out of the box)")
+	fs.Var(&l.wait, "wait", "the `duration` to wait in the queue; 0s: try once (default: until Ctrl-C, at most the server's -max-wait)")
 	fs.StringVar(&l.owner, "owner", defaultOwner(), "who holds the lock, shown by describe and list")
-	fs.DurationVar(&l.lockDelay, "lock-delay", 0, "keep the lock from everyone for this long if this grant ends without a release (expiry, force-release)")
-	fs.DurationVar(&l.maxHold, "max-hold", 0, "refuse renewals past acquisition + this (default: the server's -max-hold)")
+	durationVar(fs, &l.lockDelay, "lock-delay", 0, "keep the lock from everyone for this `duration` if this grant ends without a release (expiry, force-release)")
+	durationVar(fs, &l.maxHold, "max-hold", 0, "refuse renewals past acquisition + this `duration` (default: the server's -max-hold)")
 }
 
 // shapeFlags are --limit and --shared, of acquire and exec: a semaphore's

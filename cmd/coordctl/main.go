@@ -51,6 +51,7 @@ const usageText = `coordctl: the command-line client of coordinatord.
 
 Usage:
   coordctl [connection flags] COMMAND [flags] [arguments]
+  coordctl --version
 
 Commands:
   acquire NAME [--ttl D] [--wait D] [--owner S] [--lock-delay D]
@@ -90,6 +91,7 @@ Commands:
   epoch                          the token epoch and floor (admins only; raised by etcd restores)
   restore-plan SNAPSHOT          the etcdutl --bump-revision for restoring an etcd snapshot
   version                        coordctl's version: release, VCS revision, Go toolchain
+                                 (coordctl --version prints the same)
   completion bash|zsh|fish       print a completion script for the shell
   help [COMMAND]                 this text, or a command's flags
 
@@ -150,10 +152,15 @@ type env struct {
 func run(args []string, stdout, stderr io.Writer) int {
 	e := &env{conn: newConnFlags(stderr), output: envOr("OUTPUT", "table"), stdin: os.Stdin, stdout: stdout, stderr: stderr, name: "coordctl"}
 	fs := e.flagSet("coordctl")
+	showVersion := fs.Bool("version", false, "print coordctl's version, as the version command does")
 	e.setUsage(fs, "", "", "") // the short usage after a bad flag; -help prints usageText
 	e.help = func() { fmt.Fprint(stderr, usageText) }
 	if code := e.parseFlags(fs, args); code >= 0 {
 		return code
+	}
+	if *showVersion { // what every CLI answers, whatever follows
+		e.name = "coordctl version"
+		return lookup([]string{"version"}).spec.main(e, nil)
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
@@ -179,7 +186,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if isGroup(cmd) {
 		if len(rest) == 0 || lookup([]string{cmd, rest[0]}) == nil {
 			if len(rest) > 0 {
-				fmt.Fprintf(stderr, "coordctl %s: unknown command %q\n", cmd, rest[0])
+				fmt.Fprintf(stderr, "coordctl %s: unknown command %q%s\n", cmd, rest[0], hint(didYouMean(rest[0], commandWords(cmd), "")))
 			}
 			groupUsage(stderr, cmd)
 			return exitUsage
@@ -188,7 +195,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	c := lookup([]string{cmd})
 	if c == nil {
-		fmt.Fprintf(stderr, "coordctl: unknown command %q\n", cmd)
+		fmt.Fprintf(stderr, "coordctl: unknown command %q%s\n", cmd, hint(didYouMean(cmd, commandWords(""), "")))
 		e.shortUsage()
 		return exitUsage
 	}
@@ -272,7 +279,10 @@ func (e *env) parseFlags(fs *flag.FlagSet, args []string) int {
 			e.help()
 			return exitOK
 		}
-		e.shortUsage() // after the flag package's message
+		if s := didYouMean(undefinedFlag(err), flagNames(fs), "--"); s != "" {
+			fmt.Fprintf(e.stderr, "%s: %s\n", e.name, s) // after the flag package's message
+		}
+		e.shortUsage()
 		return exitUsage
 	}
 	return -1

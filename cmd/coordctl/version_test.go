@@ -2,6 +2,7 @@ package main_test
 
 import (
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -34,4 +35,39 @@ func TestVersionCommand(t *testing.T) {
 	t.Run("no arguments", func(t *testing.T) {
 		must(t, 2, "version", "extra")
 	})
+}
+
+// coordctl --version prints what coordctl version does, in either output,
+// whatever follows it; the help and the completion scripts offer it.
+func TestVersionFlag(t *testing.T) {
+	const nobody = "--addr=127.0.0.1:1"
+	tests := []struct {
+		name string
+		flag []string // the --version form
+		cmd  []string // the command it answers as
+	}{
+		{"table", []string{nobody, "--version"}, []string{nobody, "version"}},
+		{"single dash", []string{nobody, "-version"}, []string{nobody, "version"}},
+		{"json", []string{nobody, "-o", "json", "--version"}, []string{nobody, "-o", "json", "version"}},
+		{"-o after it", []string{nobody, "--version", "-o=json"}, []string{nobody, "-o", "json", "version"}},
+		{"before a command", []string{nobody, "--version", "acquire", "x"}, []string{nobody, "version"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, want := must(t, 0, tt.flag...), must(t, 0, tt.cmd...)
+			if got.stdout != want.stdout || got.stderr != "" {
+				t.Errorf("coordctl %q printed %q (stderr %q), want %q as coordctl %q", tt.flag, got.stdout, got.stderr, want.stdout, tt.cmd)
+			}
+		})
+	}
+	if r := must(t, 0, "help"); !strings.Contains(r.stdout, "coordctl --version") {
+		t.Errorf("help does not mention --version:\n%s", r.stdout)
+	}
+	needShell(t, "bash")
+	offered := shellWords(t, "bash", "\n", "--norc", "--noprofile", "-c", must(t, 0, "completion", "bash").stdout+`
+COMP_WORDS=(coordctl --v); COMP_CWORD=1; COMP_LINE="coordctl --v"; COMP_POINT=${#COMP_LINE}
+_coordctl; printf '%s\n' "${COMPREPLY[@]}"`)
+	if !slices.Contains(offered, "--version") {
+		t.Errorf("bash completes coordctl --v TAB to %q, want --version", offered)
+	}
 }

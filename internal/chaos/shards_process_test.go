@@ -26,7 +26,7 @@ import (
 const daemonShards = 256
 
 // TestShardOwnerSIGSTOPPedPastItsTTL is the stale-lease-read pitfall
-// (../shared/SHARDS.md; Jepsen on etcd and Consul, 2014) on the shard
+// (docs/SHARDS.md; Jepsen on etcd and Consul, 2014) on the shard
 // core: a coordinatord process P (-core shard, member lease 2s) owns the
 // shard of a name and serves a holder H; P is SIGSTOPped, past its lease
 // TTL; the other member R takes the shard over and grants the lock to a
