@@ -314,7 +314,10 @@ func TestMetricsAfterAScriptedScenario(t *testing.T) {
 	var m map[string]map[string]float64
 	eventually(t, "the cancelled waiter's key is gone and the expiry counted", func() bool {
 		m = scrape(t, base)
-		return m["coordinatord_lock_waiters"][""] == 0 && m["coordinatord_expirations_total"][""] == 1
+		// (The expiry's count and its hold time are two updates: a scrape
+		// may fall between them.)
+		return m["coordinatord_lock_waiters"][""] == 0 && m["coordinatord_expirations_total"][""] == 1 &&
+			m["coordinatord_hold_seconds"]["outcome=expired"] == 1
 	})
 	for _, c := range []struct {
 		family, labels string
