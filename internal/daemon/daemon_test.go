@@ -316,8 +316,10 @@ func TestMetricsAfterAScriptedScenario(t *testing.T) {
 		m = scrape(t, base)
 		// (The expiry's count and its hold time are two updates: a scrape
 		// may fall between them.)
+		// A waiter cancelled as it was granted gives its grant up
+		// (abandon): held counts it until that release commits.
 		return m["coordinatord_lock_waiters"][""] == 0 && m["coordinatord_expirations_total"][""] == 1 &&
-			m["coordinatord_hold_seconds"]["outcome=expired"] == 1
+			m["coordinatord_hold_seconds"]["outcome=expired"] == 1 && m["coordinatord_locks_held"][""] == 1
 	})
 	for _, c := range []struct {
 		family, labels string

@@ -212,7 +212,7 @@ func (o *Owner) submit(s *shardState, u locktable.Unit) {
 		if err != nil {
 			s.broken.Store(true) // before the committer builds its next Txn
 		}
-		s.storeFull.Store(errors.Is(err, rpctypes.ErrNoSpace))
+		s.noteStoreFull(err)
 		o.committed(s, gen, id, rev, err)
 	}})
 }
@@ -229,7 +229,7 @@ func (o *Owner) submitOwn(s *shardState, ops []Op, done func(rev int64, err erro
 		if err != nil {
 			s.broken.Store(true) // before the committer builds its next Txn
 		}
-		s.storeFull.Store(errors.Is(err, rpctypes.ErrNoSpace))
+		s.noteStoreFull(err)
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.inflight--
@@ -304,5 +304,18 @@ func (s *shardState) stopTimer() {
 	if s.timer != nil {
 		s.timer.Stop()
 		s.timer, s.timerAt = nil, time.Time{}
+	}
+}
+
+// noteStoreFull records whether etcd refuses the shard's commits for its
+// storage quota: set by a commit refused with NOSPACE, cleared by one that
+// succeeds (not by the units a broken shard then refuses to send, whose
+// failure says nothing of the quota).
+func (s *shardState) noteStoreFull(err error) {
+	switch {
+	case err == nil:
+		s.storeFull.Store(false)
+	case errors.Is(err, rpctypes.ErrNoSpace):
+		s.storeFull.Store(true)
 	}
 }
