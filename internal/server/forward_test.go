@@ -407,10 +407,15 @@ func TestNoMemberSecretNoForwardedIdentity(t *testing.T) {
 	if code(err) != codes.Unavailable || reasonOf(err) != "SHARD_NOT_SERVED" || infoOf(err).GetMetadata()["owner"] != "b" {
 		t.Fatalf("alice on B's shard through A without a member secret = %v, want UNAVAILABLE SHARD_NOT_SERVED naming b", err)
 	}
-	// Straight to the owner, alice is served.
-	if _, err := b.lc.Acquire(as(ctx, "alice"), &coordinatorv1.AcquireRequest{Name: name, Ttl: dur(10 * time.Second)}); err != nil {
-		t.Fatal(err)
-	}
+	// Straight to the owner, alice is served (once b has loaded the shard:
+	// waitSplit sees owners, not loaded tables).
+	eventually(t, 10*time.Second, "alice served by the shard's owner", func() bool {
+		_, err := b.lc.Acquire(as(ctx, "alice"), &coordinatorv1.AcquireRequest{Name: name, Ttl: dur(10 * time.Second)})
+		if err != nil && reasonOf(err) != "SHARD_NOT_SERVED" {
+			t.Fatal(err)
+		}
+		return err == nil
+	})
 }
 
 // A forwarded call is never forwarded again: a member that does not own
